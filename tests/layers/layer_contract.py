@@ -1,0 +1,89 @@
+"""The contract every tfsparse layer test runs: one helper, called per layer."""
+
+import os
+import pathlib
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import tensorflow as tf
+
+from tfsparse._keras import keras
+
+_SERVE_WITHOUT_TFSPARSE = textwrap.dedent(
+    """
+    import sys
+    sys.modules["tfsparse"] = None  # importing tfsparse now fails
+    import numpy as np, tensorflow as tf
+    loaded = tf.saved_model.load(sys.argv[1])
+    serve = loaded.signatures["serving_default"]
+    (name,) = serve.structured_input_signature[1]
+    x = np.load(sys.argv[2])
+    (out,) = serve(**{name: tf.constant(x)}).values()
+    np.save(sys.argv[3], out.numpy())
+    """
+)
+
+
+def serve_in_fresh_process(saved_model_dir, x, tmp_path):
+    """Serves a SavedModel in a new Python process where tfsparse can't import."""
+    tmp_path = pathlib.Path(tmp_path)
+    np.save(tmp_path / "x.npy", x)
+    script = tmp_path / "serve.py"
+    script.write_text(_SERVE_WITHOUT_TFSPARSE)
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH="")
+    subprocess.run(
+        [sys.executable, str(script), str(saved_model_dir), str(tmp_path / "x.npy"),
+         str(tmp_path / "y.npy")],
+        check=True, env=env, cwd=str(tmp_path), timeout=300,
+    )
+    return np.load(tmp_path / "y.npy")
+
+
+def check_layer_contract(make_layer, input_dim, tmp_path, batch=6):
+    """Build, call, config round trip, saving, SavedModel and a training step.
+
+    Round trips are checked by behaviour (outputs), not by comparing configs.
+    """
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((batch, input_dim)).astype(np.float32)
+
+    def model_of(layer):
+        inputs = keras.Input((input_dim,))
+        return keras.Model(inputs, keras.layers.Dense(3)(layer(inputs)))
+
+    layer = make_layer()
+    model = model_of(layer)
+    expected = model.predict(x, verbose=0)
+    assert expected.shape == (batch, 3)
+
+    # get_config / from_config + weights rebuild an equal layer.
+    clone = layer.__class__.from_config(layer.get_config())
+    clone_model = model_of(clone)
+    clone_model.set_weights(model.get_weights())
+    np.testing.assert_array_equal(clone_model.predict(x, verbose=0), expected)
+
+    # Keras format.
+    path = tmp_path / "model.keras"
+    model.save(path)
+    loaded = keras.models.load_model(path)
+    np.testing.assert_array_equal(loaded.predict(x, verbose=0), expected)
+
+    # SavedModel: tf.saved_model.load here and, in a fresh process, without tfsparse.
+    saved = tmp_path / "saved_model"
+    tf.saved_model.save(model, str(saved))
+    restored = tf.saved_model.load(str(saved))
+    np.testing.assert_array_equal(restored(tf.constant(x)).numpy(), expected)
+    np.testing.assert_array_equal(serve_in_fresh_process(saved, x, tmp_path), expected)
+
+    # A training step moves the layer's weights and lowers the loss.
+    model.compile(keras.optimizers.SGD(0.05), "mse")
+    target = rng.standard_normal((batch, 3)).astype(np.float32)
+    before = [w.copy() for w in layer.get_weights()]
+    losses = model.fit(x, target, epochs=5, batch_size=batch, verbose=0).history["loss"]
+    assert losses[-1] < losses[0]
+    changed = [not np.array_equal(a, b) for a, b in zip(before, layer.get_weights())]
+    trainable = [w.trainable for w in layer.weights]
+    assert changed == trainable
+    return model

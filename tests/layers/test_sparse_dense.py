@@ -1,0 +1,164 @@
+import numpy as np
+import pytest
+import scipy.sparse
+import tensorflow as tf
+
+from tfsparse._keras import keras
+from tfsparse.layers import SparseDense
+from layer_contract import check_layer_contract
+
+
+def _pattern(shape, density=0.3, seed=0):
+    rng = np.random.default_rng(seed)
+    dense = rng.standard_normal(shape) * (rng.random(shape) < density)
+    dense[0, :] = 0  # an input that feeds nothing
+    dense[:, -1] = 0  # a unit with no inputs
+    dense[1, 0] = 0.5
+    return scipy.sparse.csr_matrix(dense.astype(np.float32))
+
+
+@pytest.mark.parametrize(
+    "make_layer,input_dim",
+    [
+        (lambda: SparseDense(7, density=0.2, seed=1, activation="relu"), 11),
+        (lambda: SparseDense(5, pattern=_pattern((9, 5)), use_bias=False), 9),
+    ],
+    ids=["random-pattern", "given-pattern"],
+)
+def test_layer_contract(make_layer, input_dim, tmp_path):
+    check_layer_contract(make_layer, input_dim, tmp_path)
+
+
+def test_forward_equals_dense_with_the_masked_kernel():
+    matrix = _pattern((12, 6))
+    layer = SparseDense(6, pattern=matrix, activation="tanh",
+                        bias_initializer="random_normal")
+    x = np.random.default_rng(1).standard_normal((4, 12)).astype(np.float32)
+    y = layer(x).numpy()
+    expected = np.tanh(x @ matrix.toarray() + layer.bias.numpy())
+    np.testing.assert_allclose(y, expected, rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(layer.to_scipy().toarray(), matrix.toarray())
+    assert layer.nnz == matrix.count_nonzero()
+    assert layer.density == matrix.count_nonzero() / (12 * 6)
+
+
+def test_random_pattern_is_seeded_and_reproducible():
+    a = SparseDense(8, density=0.25, seed=7)
+    b = SparseDense(8, density=0.25, seed=7)
+    a.build((None, 16))
+    b.build((None, 16))
+    assert a.pattern == b.pattern
+    assert a.nnz == 8 * 4
+    c = SparseDense.from_config(SparseDense(8, density=0.25).get_config())
+    c.build((None, 16))  # an unseeded layer stores its drawn seed in its config
+    assert c.nnz == 32
+
+
+def test_only_the_nonzeros_are_weights():
+    layer = SparseDense(1000, density=0.01, seed=0)
+    layer.build((None, 2000))
+    assert [w.name.split("/")[-1] for w in layer.trainable_weights] == ["values:0", "bias:0"]
+    assert layer.values.shape == (20 * 1000,)
+    assert {w.shape.num_elements() for w in layer.non_trainable_weights} == {20000}
+
+
+def test_glorot_uses_the_sparse_fans():
+    layer = SparseDense(400, density=0.05, seed=0, kernel_initializer=keras.initializers.GlorotUniform(seed=1))
+    layer.build((None, 800))
+    fan_in, fan_out = 40, 40 * 400 / 800
+    limit = np.sqrt(6 / (fan_in + fan_out))
+    values = layer.values.numpy()
+    assert np.abs(values).max() <= limit
+    # uniform(-limit, limit) has variance limit^2/3; 16000 draws: 3% is > 5 sigma.
+    assert abs(values.var() / (limit**2 / 3) - 1) < 0.03
+
+
+def test_elementwise_regularizer_and_constraint_apply_to_the_values():
+    layer = SparseDense(4, density=0.5, seed=0, kernel_regularizer=keras.regularizers.L1(0.1),
+                        kernel_constraint=keras.constraints.NonNeg())
+    layer(np.ones((1, 6), np.float32))
+    np.testing.assert_allclose(layer.losses[0].numpy(), 0.1 * np.abs(layer.values.numpy()).sum(), rtol=1e-6)
+    assert layer.kernel_constraint is not None
+
+
+def test_sparse_aware_regularizer_gets_the_pattern():
+    class ColumnCount(keras.regularizers.Regularizer):
+        def __call__(self, values):
+            raise AssertionError("the sparse path must be used")
+
+        def sparse_penalty(self, values, pattern):
+            ones = tf.ones_like(values)
+            per_column = tf.math.unsorted_segment_sum(ones, pattern.cols, pattern.shape[1])
+            return tf.reduce_max(per_column)
+
+    layer = SparseDense(5, density=0.5, seed=0, kernel_regularizer=ColumnCount())
+    layer(np.ones((1, 8), np.float32))
+    assert layer.losses[0].numpy() == 4
+
+
+def _message(name, expected, received):
+    return (f'Received an invalid value for "{name}", expected {expected}. '
+            f"Received: {name}={received}")
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        (dict(units=0), _message("units", "a positive integer", "0")),
+        (dict(units=4, density=0.0), _message("density", "a float in (0, 1]", "0.0")),
+        (dict(units=4, density=1.5), _message("density", "a float in (0, 1]", "1.5")),
+        (dict(units=4, pattern=scipy.sparse.eye(3, 5, format="csr")),
+         _message("pattern", "a matrix of shape (input_dim, 4) (units=4)", "a matrix of shape (3, 5)")),
+        (dict(units=2, pattern=scipy.sparse.csr_matrix(np.array([[np.nan, 1.0]]))),
+         _message("pattern", "finite values", "a matrix with 1 non-finite values")),
+        (dict(units=2, pattern=np.eye(2)),
+         _message("pattern", "a scipy.sparse matrix of shape (input_dim, units)", "ndarray")),
+        (dict(units=2, density=0.5, pattern=scipy.sparse.eye(2, format="csr")),
+         _message("density", "None when a pattern is given (the pattern sets it)", "0.5")),
+    ],
+)
+def test_invalid_arguments_name_the_argument(kwargs, message):
+    with pytest.raises(ValueError) as error:
+        SparseDense(**kwargs)
+    assert str(error.value) == message
+
+
+def test_pattern_that_does_not_match_the_input_is_rejected_at_build():
+    layer = SparseDense(3, pattern=scipy.sparse.eye(4, 3, format="csr"))
+    with pytest.raises(ValueError) as error:
+        layer(np.ones((2, 5), np.float32))
+    assert str(error.value) == _message(
+        "pattern", "a matrix of shape (5, 3) to match the input dimension 5",
+        "a matrix of shape (4, 3)")
+
+
+def test_non_2d_input_is_rejected():
+    with pytest.raises(ValueError) as error:
+        SparseDense(3)(np.ones((2, 3, 4), np.float32))
+    assert str(error.value) == _message(
+        "inputs", "a 2-D input (batch, input_dim) with known input_dim", "shape (2, 3, 4)")
+
+
+def test_properties_need_a_built_layer():
+    with pytest.raises(RuntimeError, match="known once the layer is built"):
+        SparseDense(3).nnz
+
+
+def test_checkpoint_restores_values_and_pattern(tmp_path):
+    layer = SparseDense(4, pattern=_pattern((6, 4)))
+    layer(np.ones((1, 6), np.float32))
+    layer.values.assign(layer.values * 2)
+    checkpoint = tf.train.Checkpoint(layer=layer)
+    path = checkpoint.save(str(tmp_path / "ckpt"))
+    restored = SparseDense.from_config(layer.get_config())
+    restored.build((None, 6))
+    tf.train.Checkpoint(layer=restored).restore(path).assert_consumed()
+    np.testing.assert_array_equal(restored.to_scipy().toarray(), layer.to_scipy().toarray())
+
+
+def test_float64_layer():
+    layer = SparseDense(3, density=0.5, seed=0, dtype="float64")
+    x = np.random.default_rng(0).standard_normal((2, 4))
+    y = layer(x)
+    assert y.dtype == tf.float64
+    np.testing.assert_allclose(y.numpy(), x @ layer.to_scipy().toarray() + layer.bias.numpy(), atol=1e-12)

@@ -1,0 +1,57 @@
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tfsparse.ops import kernels
+from tfsparse.ops import sddmm
+
+requires_kernels = pytest.mark.skipif(
+    not kernels.available(),
+    reason="compiled kernels not built (python -m tfsparse.ops.build)",
+)
+
+
+def _case(dtype, seed=0, n_in=40, n_out=30, batch=17, nnz=200):
+    rng = np.random.default_rng(seed)
+    x_t = rng.standard_normal((n_in, batch)).astype(dtype)
+    dy_t = rng.standard_normal((n_out, batch)).astype(dtype)
+    rows = rng.integers(0, n_in, nnz).astype(np.int32)
+    cols = rng.integers(0, n_out, nnz).astype(np.int32)
+    expected = np.einsum("kb,kb->k", x_t[rows].astype(np.float64), dy_t[cols])
+    return x_t, dy_t, rows, cols, expected
+
+
+@pytest.mark.parametrize("use_kernel", [False, pytest.param(True, marks=requires_kernels)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_sddmm_matches_numpy(use_kernel, dtype):
+    x_t, dy_t, rows, cols, expected = _case(dtype)
+    got = sddmm(x_t, dy_t, rows, cols, use_kernel=use_kernel).numpy()
+    assert got.dtype == dtype
+    # 17-term dot products of unit normals: |error| <= 17 eps sum|x dy|.
+    eps = np.finfo(dtype).eps
+    bound = 19 * eps * np.einsum("kb,kb->k", np.abs(x_t[rows]), np.abs(dy_t[cols]))
+    assert np.all(np.abs(got - expected) <= bound)
+
+
+@requires_kernels
+def test_kernel_and_fallback_agree_inside_tf_function():
+    x_t, dy_t, rows, cols, _ = _case(np.float32, seed=3, batch=256, nnz=5000)
+    kernel = tf.function(lambda *a: sddmm(*a, use_kernel=True))(x_t, dy_t, rows, cols)
+    fallback = sddmm(x_t, dy_t, rows, cols, use_kernel=False)
+    bound = 260 * np.finfo(np.float32).eps * np.einsum(
+        "kb,kb->k", np.abs(x_t[rows]), np.abs(dy_t[cols]))
+    assert np.all(np.abs(kernel.numpy() - fallback.numpy()) <= 2 * bound)
+
+
+@requires_kernels
+def test_kernel_rejects_indices_outside_the_kernel():
+    x_t, dy_t, rows, cols, _ = _case(np.float32)
+    rows[3] = 40
+    with pytest.raises(tf.errors.InvalidArgumentError, match="outside the kernel"):
+        sddmm(x_t, dy_t, rows, cols, use_kernel=True)
+
+
+def test_empty_pattern_gives_empty_result():
+    got = sddmm(np.ones((3, 2), "float32"), np.ones((2, 2), "float32"),
+                np.zeros(0, "int32"), np.zeros(0, "int32"))
+    assert got.shape == (0,)

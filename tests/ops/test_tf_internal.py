@@ -1,0 +1,29 @@
+"""Guards the non-public TensorFlow API that tfsparse wraps in one file."""
+
+import numpy as np
+import tensorflow as tf
+
+from tfsparse.ops import _tf_internal
+
+
+def test_csr_product_of_the_private_module_matches_numpy():
+    dense = np.array([[1.0, 0.0, 2.0], [0.0, 0.0, 3.0]], np.float32)
+    indices = np.array([[0, 0], [0, 2], [1, 2]], np.int64)
+    csr = _tf_internal.csr_from_sorted_coo(
+        indices, dense[indices[:, 0], indices[:, 1]], np.array([2, 3], np.int64)
+    )
+    b = np.arange(12, dtype=np.float32).reshape(4, 3)
+    got = _tf_internal.csr_matmul(csr, b, transpose_b=True, transpose_output=True)
+    np.testing.assert_array_equal(got.numpy(), (dense @ b.T).T)
+
+
+def test_export_context_is_detected_only_while_saving(tmp_path):
+    seen = []
+    module = tf.Module()
+    module.f = tf.function(
+        lambda: seen.append(_tf_internal.in_saved_model_export()) or tf.constant(1.0),
+        input_signature=[],
+    )
+    assert not _tf_internal.in_saved_model_export()
+    tf.saved_model.save(module, str(tmp_path))
+    assert True in seen

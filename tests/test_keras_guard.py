@@ -1,0 +1,35 @@
+"""Importing tfsparse selects Keras 2, or explains why it cannot."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+
+def _run(code, **env):
+    environment = {k: v for k, v in os.environ.items() if k != "TF_USE_LEGACY_KERAS"}
+    environment.update(env, TF_CPP_MIN_LOG_LEVEL="3")
+    return subprocess.run([sys.executable, "-c", code], env=environment,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_import_makes_tf_keras_the_keras_in_use():
+    result = _run("import tfsparse, tensorflow as tf, tf_keras\n"
+                  "assert tf.keras.layers.Dense is tf_keras.layers.Dense\n"
+                  "assert tfsparse.keras is tf_keras\nprint('ok')")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok"
+
+
+def test_keras_3_loaded_first_gives_an_error_that_says_what_to_do():
+    result = _run("import keras\nimport tfsparse")
+    assert result.returncode != 0
+    assert "ImportError: tfsparse needs Keras 2 (tf_keras), but Keras 3" in result.stderr
+    assert "Import tfsparse before keras" in result.stderr
+
+
+def test_explicitly_disabled_legacy_keras_is_an_error():
+    result = _run("import tfsparse", TF_USE_LEGACY_KERAS="0")
+    assert result.returncode != 0
+    assert "TF_USE_LEGACY_KERAS='0'" in result.stderr

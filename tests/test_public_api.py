@@ -1,0 +1,19 @@
+import importlib
+
+import pytest
+
+import tfsparse
+
+PACKAGES = ["tfsparse", "tfsparse.ops", "tfsparse.layers"]
+
+
+@pytest.mark.parametrize("name", PACKAGES)
+def test_every_listed_public_name_exists(name):
+    module = importlib.import_module(name)
+    assert module.__all__, name
+    for public in module.__all__:
+        assert hasattr(module, public), f"{name}.{public}"
+
+
+def test_version():
+    assert tfsparse.__version__ == "0.1.0"

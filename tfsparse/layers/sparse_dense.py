@@ -1,0 +1,329 @@
+"""SparseDense: a Dense layer whose kernel is stored and computed sparse."""
+
+import collections
+import numbers
+
+import numpy as np
+import scipy.sparse
+import tensorflow as tf
+from tensorflow_model_optimization.python.core.sparsity.keras import (
+    prunable_layer,
+)
+
+from tfsparse._keras import keras
+from tfsparse.layers import _initializers
+from tfsparse.ops import SparsityPattern
+from tfsparse.ops import sparse_matmul
+
+_DEFAULT_DENSITY = 0.05
+
+# The pattern as tensors (the layer's non-trainable variables), in the shape
+# that tfsparse.ops.sparse_matmul and sparse-aware regularizers take.
+PatternTensors = collections.namedtuple(
+    "PatternTensors", ["rows", "cols", "row_major_order", "shape"]
+)
+
+
+def _invalid(name, expected, received):
+    return ValueError(
+        f'Received an invalid value for "{name}", expected {expected}. '
+        f"Received: {name}={received}"
+    )
+
+
+def _placeholder_pattern(input_dim, units, nnz):
+    """Evenly spread positions, overwritten when the layer's weights load."""
+    keys = np.linspace(0, input_dim * units - 1, nnz).astype(np.int64)
+    return SparsityPattern(keys % input_dim, keys // input_dim, (input_dim, units))
+
+
+@keras.saving.register_keras_serializable(package="tfsparse")
+class SparseDense(keras.layers.Layer, prunable_layer.PrunableLayer):
+    """``activation(x @ W + b)`` with a sparse kernel ``W`` of shape ``(input_dim, units)``.
+
+    Only the nonzeros of ``W`` exist: they are one trainable vector ``values``
+    of length ``nnz`` (column-major order), and their positions are a fixed
+    pattern, stored with the layer as non-trainable int32 weights
+    (``pattern_rows``, ``pattern_cols``, ``pattern_row_major_order``) so that
+    checkpoints, ``model.save`` and SavedModels carry it. Forward and backward
+    passes cost time and memory proportional to ``nnz``.
+
+    Args:
+      units: positive int, output dimension.
+      density: fraction of nonzeros of a random pattern, in (0, 1]; every unit
+        gets ``round(density * input_dim)`` (at least 1) random inputs. Default
+        0.05. Not with ``pattern``.
+      pattern: a ``scipy.sparse`` matrix of shape ``(input_dim, units)``: its
+        nonzero positions are the pattern and its values the initial weights.
+      seed: int seed of the random pattern (drawn at construction and kept in
+        the config when ``None``).
+      activation, use_bias, kernel_initializer, bias_initializer,
+      kernel_regularizer, bias_regularizer, activity_regularizer,
+      kernel_constraint, bias_constraint: as in ``keras.layers.Dense``; the
+      kernel ones apply to ``values``. Variance-scaling initializers (Glorot,
+      He, LeCun) use the sparse fan-in and fan-out. A kernel regularizer that
+      defines ``sparse_penalty(values, pattern)`` is called that way, with
+      ``pattern`` a ``PatternTensors``; any other is called on ``values``.
+
+    Example:
+      >>> import numpy as np
+      >>> from tfsparse._keras import keras
+      >>> layer = SparseDense(16, density=0.1, seed=0, activation="relu")
+      >>> y = layer(np.ones((4, 32), "float32"))
+      >>> y.shape, layer.nnz
+      (TensorShape([4, 16]), 48)
+    """
+
+    def __init__(
+        self,
+        units,
+        density=None,
+        pattern=None,
+        seed=None,
+        activation=None,
+        use_bias=True,
+        kernel_initializer="glorot_uniform",
+        bias_initializer="zeros",
+        kernel_regularizer=None,
+        bias_regularizer=None,
+        activity_regularizer=None,
+        kernel_constraint=None,
+        bias_constraint=None,
+        **kwargs,
+    ):
+        super().__init__(activity_regularizer=activity_regularizer, **kwargs)
+        if (
+            not isinstance(units, numbers.Integral)
+            or isinstance(units, bool)
+            or units <= 0
+        ):
+            raise _invalid("units", "a positive integer", units)
+        self.units = int(units)
+        self._pattern_matrix, self._pattern_nnz = self._check_pattern(pattern)
+        if density is not None and pattern is not None:
+            raise _invalid(
+                "density", "None when a pattern is given (the pattern sets it)",
+                density,
+            )
+        if pattern is None:
+            density = _DEFAULT_DENSITY if density is None else density
+            if (
+                not isinstance(density, numbers.Real)
+                or isinstance(density, bool)
+                or not 0 < density <= 1
+            ):
+                raise _invalid("density", "a float in (0, 1]", density)
+        self.density_setting = None if density is None else float(density)
+        if seed is None:
+            seed = int(np.random.SeedSequence().generate_state(1)[0] >> 1)
+        if not isinstance(seed, numbers.Integral) or isinstance(seed, bool):
+            raise _invalid("seed", "an integer or None", seed)
+        self.seed = int(seed)
+        self.activation = keras.activations.get(activation)
+        self.use_bias = bool(use_bias)
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.bias_initializer = keras.initializers.get(bias_initializer)
+        self.kernel_regularizer = keras.regularizers.get(kernel_regularizer)
+        self.bias_regularizer = keras.regularizers.get(bias_regularizer)
+        self.kernel_constraint = keras.constraints.get(kernel_constraint)
+        self.bias_constraint = keras.constraints.get(bias_constraint)
+        self.supports_masking = True
+
+    def _check_pattern(self, pattern):
+        """Returns (scipy matrix or None, nnz of a config-only pattern or None)."""
+        if pattern is None:
+            return None, None
+        if isinstance(pattern, dict):  # from get_config: shape only, weights follow
+            return None, int(pattern["nnz"])
+        if not scipy.sparse.issparse(pattern):
+            raise _invalid(
+                "pattern", "a scipy.sparse matrix of shape (input_dim, units)",
+                type(pattern).__name__,
+            )
+        if pattern.ndim != 2 or pattern.shape[1] != self.units:
+            raise _invalid(
+                "pattern",
+                f"a matrix of shape (input_dim, {self.units}) (units={self.units})",
+                f"a matrix of shape {pattern.shape}",
+            )
+        data = pattern.tocoo().data
+        if not np.all(np.isfinite(data)):
+            raise _invalid(
+                "pattern", "finite values",
+                f"a matrix with {int(np.sum(~np.isfinite(data)))} non-finite values",
+            )
+        if pattern.count_nonzero() == 0:
+            raise _invalid("pattern", "at least one nonzero", "an all-zero matrix")
+        return pattern, None
+
+    def build(self, input_shape):
+        input_shape = tf.TensorShape(input_shape)
+        if input_shape.rank != 2 or input_shape[-1] is None:
+            raise _invalid(
+                "inputs", "a 2-D input (batch, input_dim) with known input_dim",
+                f"shape {tuple(input_shape.as_list()) if input_shape.rank is not None else None}",
+            )
+        input_dim = int(input_shape[-1])
+        values = None
+        if self._pattern_matrix is not None:
+            if self._pattern_matrix.shape[0] != input_dim:
+                raise _invalid(
+                    "pattern",
+                    f"a matrix of shape ({input_dim}, {self.units}) to match "
+                    f"the input dimension {input_dim}",
+                    f"a matrix of shape {self._pattern_matrix.shape}",
+                )
+            pattern, values = SparsityPattern.from_scipy(self._pattern_matrix)
+        elif self._pattern_nnz is not None:
+            pattern = _placeholder_pattern(input_dim, self.units, self._pattern_nnz)
+        else:
+            pattern = SparsityPattern.random(
+                (input_dim, self.units), self.density_setting, self.seed
+            )
+        self._add_pattern_weights(pattern)
+        if values is not None:
+            initializer = _initializers.from_array(values)
+        else:
+            initializer = _initializers.for_sparse_kernel(
+                self.kernel_initializer, pattern
+            )
+        self.values = self.add_weight(
+            "values",
+            shape=(pattern.nnz,),
+            initializer=initializer,
+            constraint=self.kernel_constraint,
+            dtype=self.dtype,
+            trainable=True,
+        )
+        if self.kernel_regularizer is not None:
+            self.add_loss(self._kernel_penalty)
+        self.bias = None
+        if self.use_bias:
+            self.bias = self.add_weight(
+                "bias",
+                shape=(self.units,),
+                initializer=self.bias_initializer,
+                regularizer=self.bias_regularizer,
+                constraint=self.bias_constraint,
+                dtype=self.dtype,
+                trainable=True,
+            )
+        self.input_dim = input_dim
+        self.built = True
+
+    def _add_pattern_weights(self, pattern):
+        def int_weight(name, array):
+            return self.add_weight(
+                name,
+                shape=(pattern.nnz,),
+                dtype=tf.int32,
+                initializer=_initializers.from_array(array),
+                trainable=False,
+            )
+
+        self.pattern_rows = int_weight("pattern_rows", pattern.rows)
+        self.pattern_cols = int_weight("pattern_cols", pattern.cols)
+        self.pattern_row_major_order = int_weight(
+            "pattern_row_major_order", pattern.row_major_order
+        )
+
+    def pattern_tensors(self):
+        """The pattern as tensors: a ``PatternTensors`` of the int32 weights."""
+        return PatternTensors(
+            tf.convert_to_tensor(self.pattern_rows),
+            tf.convert_to_tensor(self.pattern_cols),
+            tf.convert_to_tensor(self.pattern_row_major_order),
+            (self.input_dim, self.units),
+        )
+
+    def _kernel_penalty(self):
+        regularizer = self.kernel_regularizer
+        with tf.name_scope("values/Regularizer"):
+            if hasattr(regularizer, "sparse_penalty"):
+                return regularizer.sparse_penalty(self.values, self.pattern_tensors())
+            return regularizer(self.values)
+
+    def call(self, inputs):
+        inputs = tf.convert_to_tensor(inputs)
+        if inputs.shape.rank != 2:
+            raise _invalid(
+                "inputs", "a 2-D input (batch, input_dim)", f"shape {inputs.shape}"
+            )
+        if inputs.dtype != self.compute_dtype:
+            inputs = tf.cast(inputs, self.compute_dtype)
+        outputs = sparse_matmul(inputs, self.values, self.pattern_tensors())
+        if self.use_bias:
+            outputs = tf.nn.bias_add(outputs, self.bias)
+        if self.activation is not None:
+            outputs = self.activation(outputs)
+        return outputs
+
+    def compute_output_shape(self, input_shape):
+        return tf.TensorShape(input_shape)[:-1].concatenate(self.units)
+
+    # Properties of the kernel.
+    @property
+    def nnz(self):
+        """Number of stored nonzeros of the kernel."""
+        self._require_built("nnz")
+        return int(self.values.shape[0])
+
+    @property
+    def density(self):
+        """``nnz / (input_dim * units)``."""
+        self._require_built("density")
+        return self.nnz / (self.input_dim * self.units)
+
+    @property
+    def pattern(self):
+        """The current pattern, a ``tfsparse.ops.SparsityPattern``."""
+        self._require_built("pattern")
+        return SparsityPattern(
+            self.pattern_rows.numpy(), self.pattern_cols.numpy(),
+            (self.input_dim, self.units),
+        )
+
+    def to_scipy(self):
+        """The current kernel as a ``scipy.sparse.csr_matrix`` (input_dim, units)."""
+        return self.pattern.to_scipy(self.values.numpy())
+
+    def _require_built(self, name):
+        if not self.built:
+            raise RuntimeError(
+                f"SparseDense.{name} is known once the layer is built: call the "
+                "layer on an input or call build((batch, input_dim)) first."
+            )
+
+    def get_prunable_weights(self):
+        """tfmot's PrunableLayer interface: the values are prunable."""
+        return [self.values]
+
+    def get_config(self):
+        config = super().get_config()
+        if self._pattern_matrix is not None or self._pattern_nnz is not None:
+            nnz = self.nnz if self.built else (
+                self._pattern_nnz
+                if self._pattern_nnz is not None
+                else int(self._pattern_matrix.count_nonzero())
+            )
+            pattern = {"nnz": nnz}
+        else:
+            pattern = None
+        config.update(
+            {
+                "units": self.units,
+                "density": self.density_setting,
+                "pattern": pattern,
+                "seed": self.seed,
+                "activation": keras.activations.serialize(self.activation),
+                "use_bias": self.use_bias,
+                "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+                "bias_initializer": keras.initializers.serialize(self.bias_initializer),
+                "kernel_regularizer": keras.regularizers.serialize(self.kernel_regularizer),
+                "bias_regularizer": keras.regularizers.serialize(self.bias_regularizer),
+                "activity_regularizer": keras.regularizers.serialize(self.activity_regularizer),
+                "kernel_constraint": keras.constraints.serialize(self.kernel_constraint),
+                "bias_constraint": keras.constraints.serialize(self.bias_constraint),
+            }
+        )
+        return config

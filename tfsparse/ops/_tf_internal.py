@@ -1,0 +1,47 @@
+"""The one place where tfsparse touches TensorFlow's non-public modules.
+
+TensorFlow's CSR sparse-matrix ops (``tf.raw_ops.SparseMatrixMatMul`` and
+friends) are the fast sparse product on CPU and GPU, but their Python module is
+not public API. Everything tfsparse needs from it, and from the SavedModel
+internals, goes through this file, so a TensorFlow upgrade that moves them
+breaks here, loudly, and ``tests/ops/test_tf_internal.py`` says so.
+"""
+
+import tensorflow as tf
+from tensorflow.python.ops.linalg.sparse import (
+    gen_sparse_csr_matrix_ops as _csr_ops,
+)
+from tensorflow.python.saved_model import save_context as _save_context
+
+
+def csr_from_sorted_coo(indices, values, dense_shape):
+    """Builds a CSR matrix (a variant tensor) from row-major sorted COO parts.
+
+    Args:
+      indices: int64 tensor [nnz, 2] of (row, column), sorted row-major.
+      values: tensor [nnz].
+      dense_shape: int64 tensor [2].
+    """
+    return _csr_ops.sparse_tensor_to_csr_sparse_matrix(
+        indices, values, dense_shape
+    )
+
+
+def csr_matmul(csr, dense, transpose_b=False, transpose_output=False):
+    """``csr @ op(dense)``, optionally transposed on output."""
+    return _csr_ops.sparse_matrix_mat_mul(
+        csr,
+        dense,
+        transpose_b=transpose_b,
+        transpose_output=transpose_output,
+    )
+
+
+def in_saved_model_export():
+    """True while ``tf.saved_model.save`` traces functions for export."""
+    return _save_context.in_save_context()
+
+
+def gpu_visible():
+    """True when TensorFlow sees a GPU (the compiled kernels are CPU only)."""
+    return bool(tf.config.list_logical_devices("GPU"))

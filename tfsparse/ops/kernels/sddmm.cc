@@ -1,0 +1,100 @@
+// TfsparseSddmm: the gradient of a sparse kernel's values.
+//
+//   out[k] = sum_b x_t[rows[k], b] * dy_t[cols[k], b]      for k in [0, nnz)
+//
+// x_t is the layer input transposed ([input_dim, batch]) and dy_t the output
+// gradient transposed ([units, batch]), so every term is a dot product of two
+// contiguous rows. Work is split over the nonzeros on TensorFlow's intra-op
+// thread pool. The pure-TensorFlow fallback in tfsparse/ops/sddmm.py computes
+// the same sums (in another order).
+#include <cstdint>
+
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/shape_inference.h"
+#include "tensorflow/core/util/work_sharder.h"
+
+using namespace tensorflow;  // NOLINT
+
+REGISTER_OP("TfsparseSddmm")
+    .Input("x_t: T")
+    .Input("dy_t: T")
+    .Input("rows: int32")
+    .Input("cols: int32")
+    .Output("out: T")
+    .Attr("T: {float, double}")
+    .SetShapeFn([](shape_inference::InferenceContext* c) {
+      shape_inference::ShapeHandle rows;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(2), 1, &rows));
+      c->set_output(0, rows);
+      return absl::OkStatus();
+    });
+
+namespace {
+
+template <typename T>
+inline T Dot(const T* a, const T* b, int64_t n) {
+  T acc = 0;
+#pragma omp simd reduction(+ : acc)
+  for (int64_t i = 0; i < n; ++i) acc += a[i] * b[i];
+  return acc;
+}
+
+template <typename T>
+class SddmmOp : public OpKernel {
+ public:
+  explicit SddmmOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& x_t = ctx->input(0);
+    const Tensor& dy_t = ctx->input(1);
+    const Tensor& rows = ctx->input(2);
+    const Tensor& cols = ctx->input(3);
+    OP_REQUIRES(ctx, x_t.dims() == 2 && dy_t.dims() == 2,
+                errors::InvalidArgument("x_t and dy_t must be 2-D, got ranks ",
+                                        x_t.dims(), " and ", dy_t.dims()));
+    OP_REQUIRES(ctx, x_t.dim_size(1) == dy_t.dim_size(1),
+                errors::InvalidArgument("x_t and dy_t must have the same batch "
+                                        "(second) dimension, got ",
+                                        x_t.dim_size(1), " and ",
+                                        dy_t.dim_size(1)));
+    OP_REQUIRES(ctx, rows.dims() == 1 && cols.dims() == 1 &&
+                         rows.dim_size(0) == cols.dim_size(0),
+                errors::InvalidArgument(
+                    "rows and cols must be 1-D of equal length"));
+    const int64_t nnz = rows.dim_size(0);
+    const int64_t n_in = x_t.dim_size(0);
+    const int64_t n_out = dy_t.dim_size(0);
+    const int64_t batch = x_t.dim_size(1);
+    const int32_t* r = rows.flat<int32_t>().data();
+    const int32_t* c = cols.flat<int32_t>().data();
+    for (int64_t k = 0; k < nnz; ++k) {
+      OP_REQUIRES(ctx, r[k] >= 0 && r[k] < n_in && c[k] >= 0 && c[k] < n_out,
+                  errors::InvalidArgument("nonzero ", k, " at (", r[k], ", ",
+                                          c[k], ") is outside the kernel of "
+                                          "shape (", n_in, ", ", n_out, ")"));
+    }
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, rows.shape(), &out));
+    const T* x = x_t.flat<T>().data();
+    const T* dy = dy_t.flat<T>().data();
+    T* o = out->flat<T>().data();
+    auto work = [&](int64_t begin, int64_t end) {
+      for (int64_t k = begin; k < end; ++k) {
+        o[k] = Dot(x + r[k] * batch, dy + c[k] * batch, batch);
+      }
+    };
+    const auto& workers = *ctx->device()->tensorflow_cpu_worker_threads();
+    Shard(workers.num_threads, workers.workers, nnz, /*cost_per_unit=*/
+          2 * batch + 8, work);
+  }
+};
+
+}  // namespace
+
+REGISTER_KERNEL_BUILDER(
+    Name("TfsparseSddmm").Device(DEVICE_CPU).TypeConstraint<float>("T"),
+    SddmmOp<float>);
+REGISTER_KERNEL_BUILDER(
+    Name("TfsparseSddmm").Device(DEVICE_CPU).TypeConstraint<double>("T"),
+    SddmmOp<double>);

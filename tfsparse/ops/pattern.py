@@ -1,0 +1,163 @@
+"""SparsityPattern: the fixed positions of a sparse kernel's nonzeros."""
+
+import numpy as np
+import scipy.sparse
+
+
+def _invalid(name, expected, received):
+    return ValueError(
+        f'Received an invalid value for "{name}", expected {expected}. '
+        f"Received: {name}={received}"
+    )
+
+
+class SparsityPattern:
+    """The nonzero positions of a kernel ``W`` of shape ``(input_dim, units)``.
+
+    ``y = x @ W`` as in Keras' ``Dense``. The nonzeros are kept in column-major
+    order (by output unit, then input), which is the order of the values vector
+    of a ``SparseDense`` layer. ``row_major_order`` is the permutation that
+    sorts them by input instead (used by the backward pass).
+
+    Args:
+      rows: 1-D integer array, the input index of each nonzero.
+      cols: 1-D integer array, the output index of each nonzero.
+      shape: ``(input_dim, units)``.
+
+    Example:
+      >>> import scipy.sparse
+      >>> pattern, values = SparsityPattern.from_scipy(
+      ...     scipy.sparse.eye(3, 4, format="csr"))
+      >>> pattern.nnz, pattern.shape
+      (3, (3, 4))
+    """
+
+    def __init__(self, rows, cols, shape):
+        shape = tuple(int(s) for s in shape)
+        if len(shape) != 2 or min(shape) <= 0:
+            raise _invalid("shape", "(input_dim, units) of positive integers", shape)
+        rows = np.asarray(rows)
+        cols = np.asarray(cols)
+        if rows.ndim != 1 or cols.ndim != 1 or rows.shape != cols.shape:
+            raise _invalid(
+                "rows",
+                "1-D index arrays rows and cols of equal length",
+                f"arrays of shapes {rows.shape} and {cols.shape}",
+            )
+        if rows.size and (rows.min() < 0 or rows.max() >= shape[0]):
+            raise _invalid("rows", f"indices in [0, {shape[0]})",
+                           f"[{rows.min()}, {rows.max()}]")
+        if cols.size and (cols.min() < 0 or cols.max() >= shape[1]):
+            raise _invalid("cols", f"indices in [0, {shape[1]})",
+                           f"[{cols.min()}, {cols.max()}]")
+        key = cols.astype(np.int64) * shape[0] + rows.astype(np.int64)
+        if key.size > 1 and not np.all(key[1:] > key[:-1]):
+            raise _invalid(
+                "rows",
+                "unique nonzeros sorted by column then row "
+                "(use SparsityPattern.from_coo to sort)",
+                "unsorted or repeated positions",
+            )
+        self.shape = shape
+        self.rows = rows.astype(np.int32)
+        self.cols = cols.astype(np.int32)
+        self.row_major_order = np.lexsort((self.cols, self.rows)).astype(np.int32)
+        for array in (self.rows, self.cols, self.row_major_order):
+            array.flags.writeable = False
+
+    @property
+    def nnz(self):
+        """The number of nonzeros."""
+        return int(self.rows.size)
+
+    @property
+    def density(self):
+        """``nnz / (input_dim * units)``."""
+        return self.nnz / (self.shape[0] * self.shape[1])
+
+    @classmethod
+    def from_coo(cls, rows, cols, shape):
+        """A pattern from unsorted, unique (row, col) positions."""
+        rows = np.asarray(rows)
+        cols = np.asarray(cols)
+        order = np.lexsort((rows, cols))
+        return cls(rows[order], cols[order], shape)
+
+    @classmethod
+    def from_scipy(cls, matrix):
+        """Returns ``(pattern, values)`` of a ``scipy.sparse`` matrix.
+
+        The pattern holds the positions of the nonzero entries (explicitly
+        stored zeros are dropped); ``values`` are those entries in pattern
+        order.
+        """
+        if not scipy.sparse.issparse(matrix):
+            raise _invalid("matrix", "a scipy.sparse matrix", type(matrix).__name__)
+        csc = scipy.sparse.csc_matrix(matrix, copy=True)
+        csc.sum_duplicates()
+        csc.eliminate_zeros()
+        csc.sort_indices()
+        cols = np.repeat(np.arange(csc.shape[1]), np.diff(csc.indptr))
+        return cls(csc.indices, cols, csc.shape), np.asarray(csc.data)
+
+    @classmethod
+    def random(cls, shape, density, seed=0):
+        """A random pattern with the same fan-in for every output unit.
+
+        Every column (output unit) gets ``max(1, round(density * input_dim))``
+        distinct inputs drawn uniformly, so the pattern's density is
+        ``density`` up to that rounding. Memory is proportional to the number
+        of nonzeros, never to ``input_dim * units``.
+        """
+        input_dim, units = (int(s) for s in shape)
+        fan_in = max(1, int(round(density * input_dim)))
+        rng = np.random.default_rng(seed)
+        if 4 * fan_in <= input_dim:
+            rows = _distinct_sparse_draws(rng, input_dim, units, fan_in)
+        else:
+            rows = _distinct_dense_draws(rng, input_dim, units, fan_in)
+        cols = np.repeat(np.arange(units), fan_in)
+        return cls(rows.ravel(), cols, (input_dim, units))
+
+    def to_scipy(self, values=None):
+        """The kernel as a ``scipy.sparse.csr_matrix`` (values 1 if None)."""
+        if values is None:
+            values = np.ones(self.nnz, np.float32)
+        return scipy.sparse.csr_matrix(
+            (np.asarray(values), (self.rows, self.cols)), shape=self.shape
+        )
+
+    def __eq__(self, other):
+        return (
+            isinstance(other, SparsityPattern)
+            and self.shape == other.shape
+            and np.array_equal(self.rows, other.rows)
+            and np.array_equal(self.cols, other.cols)
+        )
+
+    def __repr__(self):
+        return (
+            f"SparsityPattern(shape={self.shape}, nnz={self.nnz}, "
+            f"density={self.density:.4g})"
+        )
+
+
+def _distinct_sparse_draws(rng, population, count, size):
+    """``count`` sorted rows of ``size`` distinct draws from ``population``."""
+    draws = np.sort(rng.integers(0, population, size=(count, size)), axis=1)
+    while True:
+        repeated = np.zeros(draws.shape, bool)
+        repeated[:, 1:] = draws[:, 1:] == draws[:, :-1]
+        if not repeated.any():
+            return draws
+        draws[repeated] = rng.integers(0, population, size=int(repeated.sum()))
+        draws.sort(axis=1)
+
+
+def _distinct_dense_draws(rng, population, count, size, chunk_elements=1 << 24):
+    chunk = max(1, chunk_elements // population)
+    parts = []
+    for start in range(0, count, chunk):
+        keys = rng.random((min(chunk, count - start), population))
+        parts.append(np.sort(np.argpartition(keys, size - 1, axis=1)[:, :size], axis=1))
+    return np.concatenate(parts)

@@ -1,0 +1,48 @@
+"""SDDMM: a dense-dense product sampled at a sparse pattern."""
+
+import tensorflow as tf
+
+from tfsparse.ops import _tf_internal
+from tfsparse.ops import kernels
+
+
+def sddmm(x_t, dy_t, rows, cols, use_kernel=None):
+    """Computes ``out[k] = sum_b x_t[rows[k], b] * dy_t[cols[k], b]``.
+
+    This is the gradient of a sparse kernel's values: with ``x`` the layer input
+    ``[batch, input_dim]`` and ``dy`` the output gradient ``[batch, units]``,
+    ``sddmm(x^T, dy^T, rows, cols)`` is ``(x^T dy)`` read at the nonzeros only.
+
+    Args:
+      x_t: float tensor ``[input_dim, batch]``.
+      dy_t: float tensor ``[units, batch]``, same dtype.
+      rows: int32 tensor ``[nnz]`` of row indices into ``x_t``.
+      cols: int32 tensor ``[nnz]`` of row indices into ``dy_t``.
+      use_kernel: ``True`` for the compiled CPU kernel, ``False`` for the
+        pure-TensorFlow path, ``None`` to pick the kernel when it is built, no
+        GPU is visible and no SavedModel is being exported (an exported graph
+        holds core TensorFlow ops only).
+
+    Returns:
+      A tensor ``[nnz]``.
+
+    Example:
+      >>> import numpy as np
+      >>> out = sddmm(np.ones((3, 2), "float32"), np.ones((2, 2), "float32"),
+      ...             np.array([0, 2], "int32"), np.array([1, 1], "int32"))
+      >>> out.numpy().tolist()
+      [2.0, 2.0]
+    """
+    x_t = tf.convert_to_tensor(x_t)
+    dy_t = tf.convert_to_tensor(dy_t, dtype=x_t.dtype)
+    rows = tf.convert_to_tensor(rows, dtype=tf.int32)
+    cols = tf.convert_to_tensor(cols, dtype=tf.int32)
+    if use_kernel is None:
+        use_kernel = (
+            kernels.available()
+            and not _tf_internal.gpu_visible()
+            and not _tf_internal.in_saved_model_export()
+        )
+    if use_kernel:
+        return kernels.sddmm(x_t, dy_t, rows, cols)
+    return tf.reduce_sum(tf.gather(x_t, rows) * tf.gather(dy_t, cols), axis=1)
