@@ -5,9 +5,12 @@ tensorflow-model-optimization and Horovod's Keras API need it. Every module of
 tfsparse imports ``keras`` from here, never ``tf.keras`` or ``keras`` directly.
 
 Importing this module sets ``TF_USE_LEGACY_KERAS=1`` so that ``tf.keras`` is
-``tf_keras`` too. If Keras 3 was already imported in this process, tfsparse
-layers could not be mixed with the user's Keras objects, so it raises an
-``ImportError`` that says how to fix the import order instead.
+``tf_keras`` too. TensorFlow resolves ``tf.keras`` lazily, on first use, and
+cannot switch afterwards: if this process already used ``tf.keras`` as Keras 3,
+tfsparse's layers could not be mixed with the user's Keras objects, so this
+raises an ``ImportError`` that says how to fix the import order. (``import
+tensorflow`` itself loads parts of Keras 3 without using ``tf.keras``; that is
+fine.)
 """
 
 import os
@@ -24,17 +27,36 @@ def _select_keras_2():
             f"sets TF_USE_LEGACY_KERAS={setting!r}. Unset it or set "
             "TF_USE_LEGACY_KERAS=1 before starting Python."
         )
-    keras_module = sys.modules.get("keras")
-    version = getattr(keras_module, "__version__", "") if keras_module else ""
-    if version.startswith("3"):
+    if _tf_keras_resolved_to_keras_3():
+        version = getattr(sys.modules.get("keras"), "__version__", "3")
         raise ImportError(
             f"tfsparse needs Keras 2 (tf_keras), but Keras {version} is already "
-            "loaded in this process. Import tfsparse before keras or "
+            "loaded in this process as tf.keras. Import tfsparse before using "
             "tf.keras, or set TF_USE_LEGACY_KERAS=1 in the environment before "
             "starting Python; then build your models with tf.keras (which is "
             "tf_keras) or `from tfsparse import keras`."
         )
     os.environ["TF_USE_LEGACY_KERAS"] = "1"
+
+
+def _tf_keras_resolved_to_keras_3():
+    """True when ``tf.keras`` was already used and resolved to Keras 3.
+
+    Only instance dictionaries are read: any attribute lookup on TensorFlow's
+    lazy loader (even ``__name__``) would resolve it, to Keras 3.
+    """
+    tensorflow = sys.modules.get("tensorflow")
+    resolved = vars(tensorflow).get("keras") if tensorflow is not None else None
+    if resolved is None:
+        return False
+    state = vars(resolved)
+    if type(resolved).__name__ == "KerasLazyLoader":
+        return bool(state.get("_tfll_initialized")) and (
+            state.get("_tfll_keras_version") == "keras_3"
+        )
+    # After first use the loader is replaced by the module itself:
+    # keras._tf_keras.keras for Keras 3, tf_keras.api._v2.keras for Keras 2.
+    return str(state.get("__name__", "")).split(".")[0] == "keras"
 
 
 _select_keras_2()

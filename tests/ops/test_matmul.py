@@ -6,7 +6,16 @@ import scipy.sparse
 import tensorflow as tf
 
 from tfsparse.ops import SparsityPattern
+from tfsparse.ops import kernels
 from tfsparse.ops import sparse_matmul
+
+# Every test runs on both paths: tfsparse's compiled kernels and TensorFlow's
+# own CSR ops (the GPU and SavedModel path, and the fallback).
+PATHS = [
+    pytest.param(True, id="compiled", marks=pytest.mark.skipif(
+        not kernels.available(), reason="compiled kernels not built")),
+    pytest.param(False, id="tensorflow"),
+]
 
 
 def _kernel(shape, density, seed, empty_row=None, empty_col=None):
@@ -28,11 +37,11 @@ CASES = [
 ]
 
 
-def _gradients(x, values, pattern, dy, use_function):
+def _gradients(x, values, pattern, dy, use_function, use_kernel):
     def run(x, values):
         with tf.GradientTape() as tape:
             tape.watch([x, values])
-            y = sparse_matmul(x, values, pattern)
+            y = sparse_matmul(x, values, pattern, use_kernel=use_kernel)
             loss = tf.reduce_sum(y * dy)
         return (y,) + tuple(tape.gradient(loss, [x, values]))
 
@@ -43,15 +52,16 @@ def _gradients(x, values, pattern, dy, use_function):
 
 @pytest.mark.parametrize("shape,density,empty_row,empty_col", CASES)
 @pytest.mark.parametrize("use_function", [False, True])
+@pytest.mark.parametrize("use_kernel", PATHS)
 def test_forward_and_gradients_match_masked_dense_reference(
-    shape, density, empty_row, empty_col, use_function
+    shape, density, empty_row, empty_col, use_function, use_kernel
 ):
     matrix = _kernel(shape, density, seed=1, empty_row=empty_row, empty_col=empty_col)
     pattern, values = SparsityPattern.from_scipy(matrix)
     rng = np.random.default_rng(2)
     x = rng.standard_normal((9, shape[0]))
     dy = rng.standard_normal((9, shape[1]))
-    y, dx, dvalues = _gradients(x, values, pattern, dy, use_function)
+    y, dx, dvalues = _gradients(x, values, pattern, dy, use_function, use_kernel)
 
     kernel = matrix.toarray()
     # float64 throughout: sums of at most max(shape) * batch terms of size
@@ -61,7 +71,8 @@ def test_forward_and_gradients_match_masked_dense_reference(
     np.testing.assert_allclose(dvalues, (x.T @ dy)[pattern.rows, pattern.cols], atol=1e-12)
 
 
-def test_float32_matches_float64_reference_within_rounding():
+@pytest.mark.parametrize("use_kernel", PATHS)
+def test_float32_matches_float64_reference_within_rounding(use_kernel):
     matrix = _kernel((256, 128), 0.1, seed=4)
     pattern, values = SparsityPattern.from_scipy(matrix)
     rng = np.random.default_rng(5)
@@ -69,7 +80,7 @@ def test_float32_matches_float64_reference_within_rounding():
     dy = rng.standard_normal((32, 128))
     y, dx, dvalues = _gradients(
         x.astype(np.float32), values.astype(np.float32), pattern,
-        dy.astype(np.float32), use_function=True,
+        dy.astype(np.float32), use_function=True, use_kernel=use_kernel,
     )
     kernel = matrix.toarray()
     # Each output is a sum of n products; float32 rounding is bounded by
@@ -86,12 +97,25 @@ def test_float32_matches_float64_reference_within_rounding():
     assert np.all(np.abs(dvalues - full[pattern.rows, pattern.cols]) <= bound)
 
 
-def test_output_has_the_batch_dimension_of_the_input_in_a_function():
-    pattern = SparsityPattern.random((10, 4), 0.3, seed=0)
-    values = np.ones(pattern.nnz, np.float32)
+@pytest.mark.parametrize("use_kernel", PATHS)
+@pytest.mark.parametrize("batch", [1, 3, 8, 19])
+def test_any_batch_size_through_one_traced_function(use_kernel, batch):
+    # 19 rows = two full panels of 8 and a partial one in the compiled kernel.
+    pattern, values = SparsityPattern.from_scipy(_kernel((10, 4), 0.5, seed=6))
+    x = np.random.default_rng(7).standard_normal((batch, 10))
 
-    @tf.function(input_signature=[tf.TensorSpec([None, 10], tf.float32)])
+    @tf.function(input_signature=[tf.TensorSpec([None, 10], tf.float64)])
     def apply(x):
-        return sparse_matmul(x, values, pattern)
+        return sparse_matmul(x, values, pattern, use_kernel=use_kernel)
 
-    assert apply(np.ones((3, 10), np.float32)).shape == (3, 4)
+    np.testing.assert_allclose(apply(x).numpy(), x @ pattern.to_scipy(values).toarray(), atol=1e-12)
+
+
+@pytest.mark.skipif(not kernels.available(), reason="compiled kernels not built")
+def test_compiled_kernel_rejects_a_malformed_pattern():
+    with pytest.raises(tf.errors.InvalidArgumentError, match="outside"):
+        kernels.spmm(np.ones((2, 3), np.float32), np.ones(2, np.float32),
+                     np.array([0, 3], np.int32), np.array([0, 1, 2], np.int64))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="from 0 to nnz"):
+        kernels.spmm(np.ones((2, 3), np.float32), np.ones(2, np.float32),
+                     np.array([0, 1], np.int32), np.array([0, 1, 1], np.int64))

@@ -25,7 +25,8 @@ def compile_command(output=LIBRARY_PATH, compiler="g++"):
 
     sources = sorted(str(path) for path in KERNEL_DIR.glob("*.cc"))
     return (
-        [compiler, "-shared", "-fPIC", "-O3", "-march=native", "-fopenmp-simd"]
+        [compiler, "-shared", "-fPIC", "-O3", "-march=native", "-fopenmp-simd",
+         "-Wno-deprecated-declarations"]
         + sources
         + ["-o", str(output)]
         + tf.sysconfig.get_compile_flags()

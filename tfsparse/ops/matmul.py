@@ -3,16 +3,19 @@
 import tensorflow as tf
 
 from tfsparse.ops import _tf_internal
+from tfsparse.ops import kernels
 from tfsparse.ops.sddmm import sddmm
+from tfsparse.ops.sddmm import use_compiled_kernels
 
 
-def sparse_matmul(x, values, pattern):
+def sparse_matmul(x, values, pattern, use_kernel=None):
     """Computes ``x @ W`` where ``W`` is sparse with ``values`` at ``pattern``.
 
-    Only the nonzeros are stored and multiplied. The forward product and the
-    input gradient run on TensorFlow's CSR kernels (CPU and GPU); the gradient
-    with respect to ``values`` is an SDDMM (``tfsparse.ops.sddmm``). Both
-    gradients are exact.
+    Only the nonzeros are stored and multiplied. On CPU the forward product and
+    the input gradient run on tfsparse's compiled SpMM kernel; on GPU, without
+    the compiled kernels, and in exported SavedModels on TensorFlow's CSR
+    kernels. The gradient with respect to ``values`` is an SDDMM
+    (``tfsparse.ops.sddmm``). Both gradients are exact.
 
     Args:
       x: float tensor ``[batch, input_dim]``.
@@ -20,6 +23,8 @@ def sparse_matmul(x, values, pattern):
       pattern: a ``SparsityPattern``, or any object with ``rows``, ``cols``,
         ``row_major_order`` (integer arrays or tensors) and ``shape``
         ``(input_dim, units)``.
+      use_kernel: ``True``/``False`` to force the compiled kernels or
+        TensorFlow's own ops; ``None`` for ``use_compiled_kernels()``.
 
     Returns:
       A tensor ``[batch, units]``.
@@ -39,34 +44,56 @@ def sparse_matmul(x, values, pattern):
     rows = tf.convert_to_tensor(pattern.rows, dtype=tf.int32)
     cols = tf.convert_to_tensor(pattern.cols, dtype=tf.int32)
     order = tf.convert_to_tensor(pattern.row_major_order, dtype=tf.int32)
-    input_dim, units = (int(s) for s in pattern.shape)
-    transposed_indices = tf.cast(tf.stack([cols, rows], axis=1), tf.int64)
+    shape = tuple(int(s) for s in pattern.shape)
+    if use_kernel is None:
+        use_kernel = use_compiled_kernels()
+    product = _compiled_product if use_kernel else _csr_product
+    input_dim, units = shape
 
     @tf.custom_gradient
     def matmul(x, values):
-        # W^T is [units, input_dim]; column-major W is row-major W^T.
-        kernel_t = _tf_internal.csr_from_sorted_coo(
-            transposed_indices, values, tf.constant([units, input_dim], tf.int64)
-        )
-        y = _tf_internal.csr_matmul(
-            kernel_t, x, transpose_b=True, transpose_output=True
-        )
-
         def grad(dy):
-            x_t = tf.transpose(x)
-            dy_t = tf.transpose(dy)
-            indices = tf.cast(
-                tf.stack([tf.gather(rows, order), tf.gather(cols, order)], axis=1),
-                tf.int64,
-            )
-            kernel = _tf_internal.csr_from_sorted_coo(
-                indices,
+            # dy @ W^T: the kernel W^T has the rows and cols of W swapped, and
+            # W's row-major order sorts it by its output index, as required.
+            dx = product(
+                dy,
                 tf.gather(values, order),
-                tf.constant([input_dim, units], tf.int64),
+                tf.gather(cols, order),
+                tf.gather(rows, order),
+                units=input_dim,
             )
-            dx = _tf_internal.csr_matmul(kernel, dy_t, transpose_output=True)
-            return dx, sddmm(x_t, dy_t, rows, cols)
+            dvalues = sddmm(
+                tf.transpose(x), tf.transpose(dy), rows, cols, use_kernel=use_kernel
+            )
+            return dx, dvalues
 
-        return y, grad
+        return product(x, values, rows, cols, units=units), grad
 
     return matmul(x, values)
+
+
+def _segment_pointer(segment_ids, segments):
+    counts = tf.math.bincount(
+        segment_ids, minlength=segments, maxlength=segments, dtype=tf.int64
+    )
+    return tf.concat([tf.zeros([1], tf.int64), tf.cumsum(counts)], axis=0)
+
+
+# Both products compute x @ K for a kernel K with nonzeros ``values`` at
+# (rows, cols), sorted by the output index ``cols``; K has ``units`` columns.
+
+
+def _compiled_product(x, values, rows, cols, units):
+    """On tfsparse's compiled SpMM kernel (CPU)."""
+    y = kernels.spmm(x, values, rows, _segment_pointer(cols, units))
+    y.set_shape(x.shape[:1].concatenate([units]))  # the pointer's length is dynamic
+    return y
+
+
+def _csr_product(x, values, rows, cols, units):
+    """On TensorFlow's CSR kernels (CPU and GPU)."""
+    # K^T is [units, x.shape[1]], row-major because the nonzeros are sorted by cols.
+    indices = tf.cast(tf.stack([cols, rows], axis=1), tf.int64)
+    dense_shape = tf.stack([tf.constant(units, tf.int64), tf.shape(x, out_type=tf.int64)[1]])
+    kernel_t = _tf_internal.csr_from_sorted_coo(indices, values, dense_shape)
+    return _tf_internal.csr_matmul(kernel_t, x, transpose_b=True, transpose_output=True)

@@ -6,6 +6,21 @@ from tfsparse.ops import _tf_internal
 from tfsparse.ops import kernels
 
 
+def use_compiled_kernels():
+    """Whether tfsparse's compiled CPU kernels serve the current trace.
+
+    They do when they are built and enabled, no GPU is visible (on GPUs
+    TensorFlow's CSR kernels run) and no SavedModel is being exported: an
+    exported graph holds core TensorFlow ops only, so it loads where tfsparse
+    is not installed.
+    """
+    return (
+        kernels.available()
+        and not _tf_internal.gpu_visible()
+        and not _tf_internal.in_saved_model_export()
+    )
+
+
 def sddmm(x_t, dy_t, rows, cols, use_kernel=None):
     """Computes ``out[k] = sum_b x_t[rows[k], b] * dy_t[cols[k], b]``.
 
@@ -19,9 +34,7 @@ def sddmm(x_t, dy_t, rows, cols, use_kernel=None):
       rows: int32 tensor ``[nnz]`` of row indices into ``x_t``.
       cols: int32 tensor ``[nnz]`` of row indices into ``dy_t``.
       use_kernel: ``True`` for the compiled CPU kernel, ``False`` for the
-        pure-TensorFlow path, ``None`` to pick the kernel when it is built, no
-        GPU is visible and no SavedModel is being exported (an exported graph
-        holds core TensorFlow ops only).
+        pure-TensorFlow path, ``None`` for ``use_compiled_kernels()``.
 
     Returns:
       A tensor ``[nnz]``.
@@ -38,11 +51,7 @@ def sddmm(x_t, dy_t, rows, cols, use_kernel=None):
     rows = tf.convert_to_tensor(rows, dtype=tf.int32)
     cols = tf.convert_to_tensor(cols, dtype=tf.int32)
     if use_kernel is None:
-        use_kernel = (
-            kernels.available()
-            and not _tf_internal.gpu_visible()
-            and not _tf_internal.in_saved_model_export()
-        )
+        use_kernel = use_compiled_kernels()
     if use_kernel:
         return kernels.sddmm(x_t, dy_t, rows, cols)
     return tf.reduce_sum(tf.gather(x_t, rows) * tf.gather(dy_t, cols), axis=1)

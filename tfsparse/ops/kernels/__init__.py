@@ -45,12 +45,21 @@ def available():
     return _load() is not None
 
 
-def sddmm(x_t, dy_t, rows, cols):
-    """The compiled SDDMM kernel; see ``tfsparse.ops.sddmm``."""
+def _library():
     library = _load()
     if library is None:
         raise RuntimeError(
             "tfsparse's compiled kernels are not available; build them with "
             "`python -m tfsparse.ops.build`."
         )
-    return library.tfsparse_sddmm(x_t, dy_t, rows, cols)
+    return library
+
+
+def sddmm(x_t, dy_t, rows, cols):
+    """The compiled SDDMM kernel; see ``tfsparse.ops.sddmm``."""
+    return _library().tfsparse_sddmm(x_t, dy_t, rows, cols)
+
+
+def spmm(x, values, idx, ptr):
+    """``y[b, j] = sum_{ptr[j] <= k < ptr[j+1]} x[b, idx[k]] * values[k]``."""
+    return _library().tfsparse_spmm(x, values, idx, ptr)

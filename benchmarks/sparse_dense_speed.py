@@ -1,0 +1,140 @@
+"""SparseDense against Dense, a tf.sparse layer and SciPy, side by side.
+
+    python benchmarks/sparse_dense_speed.py [--size 4096] [--per-column 32] [--batch 256]
+
+Measures, in one process and interleaved (medians of repeated runs):
+  * a training step (forward, gradients, SGD update) of SparseDense (compiled
+    kernels, and TensorFlow's CSR ops: its GPU path), Dense, and a layer built
+    on tf.sparse.sparse_dense_matmul;
+  * inference of SparseDense, Dense and SciPy's CSR product (one thread).
+Prints times, ratios and the issue's targets.
+"""
+
+import argparse
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from tfsparse._keras import keras  # noqa: E402
+from tfsparse.layers import SparseDense  # noqa: E402
+from tfsparse.ops import SparsityPattern, kernels_available, sparse_matmul  # noqa: E402
+from timing import interleaved_medians  # noqa: E402
+
+
+class TFSparseMatmulDense(keras.layers.Layer):
+    """Baseline: the kernel as a tf.SparseTensor, tf.sparse.sparse_dense_matmul."""
+
+    def __init__(self, pattern, values, **kwargs):
+        super().__init__(**kwargs)
+        self.units = pattern.shape[1]
+        # W^T [units, input_dim] in row-major order = the pattern's column-major order.
+        self.indices = tf.constant(np.stack([pattern.cols, pattern.rows], 1), tf.int64)
+        self.dense_shape = (pattern.shape[1], pattern.shape[0])
+        self.initial_values = values
+
+    def build(self, input_shape):
+        self.values = self.add_weight(
+            "values", shape=self.initial_values.shape,
+            initializer=keras.initializers.Constant(self.initial_values))
+        self.bias = self.add_weight("bias", shape=(self.units,), initializer="zeros")
+
+    def call(self, x):
+        kernel_t = tf.SparseTensor(self.indices, self.values, self.dense_shape)
+        y_t = tf.sparse.sparse_dense_matmul(kernel_t, x, adjoint_b=True)
+        return tf.transpose(y_t) + self.bias
+
+
+class TensorFlowOpsSparseDense(SparseDense):
+    """SparseDense on TensorFlow's own CSR ops (its GPU and export path)."""
+
+    def call(self, inputs):
+        outputs = sparse_matmul(inputs, self.values, self.pattern_tensors(), use_kernel=False)
+        return tf.nn.bias_add(outputs, self.bias)
+
+
+def train_step_fn(layer, x, target):
+    optimizer = keras.optimizers.SGD(1e-3)
+
+    @tf.function
+    def step():
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(layer(x) - target))
+        grads = tape.gradient(loss, layer.trainable_weights)
+        optimizer.apply_gradients(zip(grads, layer.trainable_weights))
+        return loss
+
+    return lambda: step().numpy()
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", type=int, default=4096)
+    parser.add_argument("--per-column", type=int, default=32)
+    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--repeats", type=int, default=30)
+    args = parser.parse_args()
+    n, batch = args.size, args.batch
+    pattern = SparsityPattern.random((n, n), args.per_column / n, seed=0)
+    rng = np.random.default_rng(0)
+    values = (rng.standard_normal(pattern.nnz) / np.sqrt(args.per_column)).astype(np.float32)
+    matrix = pattern.to_scipy(values)
+    x = tf.constant(rng.standard_normal((batch, n)).astype(np.float32))
+    target = tf.constant(rng.standard_normal((batch, n)).astype(np.float32))
+
+    sparse = SparseDense(n, pattern=matrix)
+    tf_ops = TensorFlowOpsSparseDense(n, pattern=matrix)
+    dense = keras.layers.Dense(n, kernel_initializer=keras.initializers.Constant(matrix.toarray()))
+    tf_sparse = TFSparseMatmulDense(pattern, values)
+    for layer in (sparse, tf_ops, dense, tf_sparse):
+        layer(x[:1])
+    print(f"kernel {n}x{n}, {args.per_column} nonzeros per column "
+          f"(nnz={pattern.nnz}, density={pattern.density:.4%}), batch {batch}, float32; "
+          f"compiled kernels: {kernels_available()}; "
+          f"{os.cpu_count()} CPUs; medians of {args.repeats} interleaved runs\n")
+
+    train = interleaved_medians({
+        "SparseDense": train_step_fn(sparse, x, target),
+        "SparseDense on TF CSR ops (GPU path)": train_step_fn(tf_ops, x, target),
+        "Dense": train_step_fn(dense, x, target),
+        "tf.sparse.sparse_dense_matmul layer": train_step_fn(tf_sparse, x, target),
+    }, repeats=args.repeats)
+
+    x_numpy = x.numpy()
+    predict = {
+        "SparseDense": tf.function(lambda: sparse(x)),
+        "SparseDense on TF CSR ops (GPU path)": tf.function(lambda: tf_ops(x)),
+        "Dense": tf.function(lambda: dense(x)),
+    }
+    infer = interleaved_medians({
+        "SparseDense": lambda: predict["SparseDense"]().numpy(),
+        "SparseDense on TF CSR ops (GPU path)":
+            lambda: predict["SparseDense on TF CSR ops (GPU path)"]().numpy(),
+        "Dense": lambda: predict["Dense"]().numpy(),
+        "SciPy CSR (1 thread)": lambda: x_numpy @ matrix,
+    }, repeats=args.repeats)
+
+    def table(title, results, reference):
+        print(f"{title:<40} {'median ms':>10} {'SparseDense faster by':>22}")
+        for name, seconds in results.items():
+            print(f"{name:<40} {seconds * 1e3:>10.2f} {seconds / results[reference]:>21.1f}x")
+        print()
+
+    table("training step", train, "SparseDense")
+    table("inference", infer, "SparseDense")
+    targets = [
+        ("train step >= 6x faster than Dense", train["Dense"] / train["SparseDense"], 6),
+        ("train step >= 3x faster than tf.sparse layer",
+         train["tf.sparse.sparse_dense_matmul layer"] / train["SparseDense"], 3),
+        ("inference >= 10x faster than Dense", infer["Dense"] / infer["SparseDense"], 10),
+        ("inference not slower than SciPy CSR",
+         infer["SciPy CSR (1 thread)"] / infer["SparseDense"], 1),
+    ]
+    for name, ratio, goal in targets:
+        print(f"{'PASS' if ratio >= goal else 'FAIL'}  {name}: {ratio:.1f}x")
+
+
+if __name__ == "__main__":
+    main()
