@@ -4,7 +4,13 @@ import pytest
 
 import tfsparse
 
-PACKAGES = ["tfsparse", "tfsparse.ops", "tfsparse.layers"]
+PACKAGES = [
+    "tfsparse",
+    "tfsparse.data",
+    "tfsparse.graphchallenge",
+    "tfsparse.layers",
+    "tfsparse.ops",
+]
 
 
 @pytest.mark.parametrize("name", PACKAGES)

@@ -6,6 +6,8 @@ Importing tfsparse makes Keras 2 (``tf_keras``) the Keras in use (see
 
 from tfsparse._keras import keras  # noqa: F401  (selects tf_keras first)
 
+from tfsparse import data
+from tfsparse import graphchallenge
 from tfsparse import layers
 from tfsparse import ops
 from tfsparse.layers import SparseDense
@@ -15,6 +17,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "SparseDense",
+    "data",
+    "graphchallenge",
     "keras",
     "layers",
     "ops",

@@ -1,0 +1,14 @@
+"""Real data shipped with tfsparse, and loaders for the full data sets (no downloads).
+
+``load_mnist_sample`` returns 5,000 real MNIST digits kept in the repository
+(CC BY-SA 3.0, see ``MNIST-LICENSE.md``); ``load_mnist`` reads the full set
+from the standard IDX files or Keras' ``mnist.npz``.
+"""
+
+from tfsparse.data.mnist import load_mnist
+from tfsparse.data.mnist import load_mnist_sample
+
+__all__ = [
+    "load_mnist",
+    "load_mnist_sample",
+]

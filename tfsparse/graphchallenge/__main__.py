@@ -1,0 +1,160 @@
+"""``python -m tfsparse.graphchallenge``: the Sparse DNN Graph Challenge benchmark.
+
+Generates a RadiX-Net-style network and MNIST-derived inputs (or reads the
+official files with ``--data DIR``), runs the challenge's inference with
+tfsparse and with a SciPy CSR baseline in the same process, checks that both
+give the same categories (and the truth file's, when ``--data`` has one) and
+prints the rate of each in edges per second (inputs * edges / seconds, median
+of ``--repeats`` runs) and their ratio. Exits with status 1 when categories
+disagree.
+
+Example:
+    python -m tfsparse.graphchallenge --neurons 1024 --layers 120
+"""
+
+import argparse
+import pathlib
+import statistics
+import sys
+import time
+
+import numpy as np
+import tensorflow as tf
+
+from tfsparse import graphchallenge as gc
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(
+        prog="python -m tfsparse.graphchallenge",
+        description="Sparse DNN Graph Challenge inference: tfsparse vs a SciPy CSR baseline.",
+    )
+    parser.add_argument("--neurons", type=int, default=1024, help="neurons per layer (default 1024)")
+    parser.add_argument("--layers", type=int, default=120, help="number of layers (default 120)")
+    parser.add_argument("--data", type=pathlib.Path, default=None,
+                        help="directory of the official TSV files (network, and images and "
+                             "categories when present); default: generate")
+    parser.add_argument("--inputs", type=int, default=None,
+                        help="use only the first N inputs (default: all)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the generated network")
+    parser.add_argument("--bias", type=float, default=None,
+                        help="bias (default: the challenge's value for --neurons)")
+    parser.add_argument("--batch-size", type=int, default=None,
+                        help="tfsparse inputs per batch (default: about 2^24 activations)")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="timed runs of each implementation; the median is reported")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="TensorFlow intra-op threads (default: TensorFlow's choice)")
+    parser.add_argument("--no-progress", action="store_true", help="hide the progress bars")
+    args = parser.parse_args(argv)
+    for name in ("neurons", "layers", "inputs", "batch_size", "repeats", "threads"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            parser.error(f"--{name.replace('_', '-')} must be a positive integer, got {value}")
+    if args.bias is None:
+        try:
+            args.bias = gc.default_bias(args.neurons)
+        except ValueError as error:
+            parser.error(str(error))
+    return args
+
+
+def load_problem(args):
+    """Returns (weights, features, truth or None, descriptions)."""
+    neurons, layers = args.neurons, args.layers
+    if args.data is None:
+        weights = gc.radixnet(neurons, layers, seed=args.seed)
+        network = f"generated RadiX-Net (seed {args.seed})"
+    else:
+        weights = gc.load_network(args.data, neurons, layers)
+        network = f"read from {args.data}"
+    images = _existing(args.data, f"sparse-images-{neurons}.tsv")
+    if images is not None:
+        features = gc.load_features(images, neurons)
+        source = f"{images}"
+        if args.inputs is not None:
+            features = features[:args.inputs]
+    else:
+        features = gc.mnist_features(neurons, num_inputs=args.inputs)
+        side = int(round(neurons ** 0.5))
+        source = f"shipped MNIST sample, resized to {side}x{side} and binarised"
+    truth_path = _existing(args.data, f"neuron{neurons}-l{layers}-categories.tsv")
+    truth = None
+    if truth_path is not None:
+        truth = gc.load_categories(truth_path)
+        truth = truth[truth < features.shape[0]]
+    return weights, features, truth, network, source
+
+
+def _existing(directory, name):
+    if directory is None:
+        return None
+    for path in (directory / name, directory / (name + ".gz")):
+        if path.is_file():
+            return path
+    return None
+
+
+def timed(function, repeats):
+    """Returns (last result, median seconds) of ``repeats`` calls."""
+    seconds = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        result = function()
+        seconds.append(time.perf_counter() - start)
+    return result, statistics.median(seconds)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.threads is not None:
+        try:
+            tf.config.threading.set_intra_op_parallelism_threads(args.threads)
+            tf.config.threading.set_inter_op_parallelism_threads(args.threads)
+        except RuntimeError as error:  # TensorFlow already started in this process
+            sys.exit(f"--threads cannot be applied: {error}")
+    weights, features, truth, network, source = load_problem(args)
+    inputs, edges = features.shape[0], gc.count_edges(weights)
+    print(f"network: {args.neurons} neurons x {args.layers} layers, {edges:,} edges, {network}")
+    print(f"inputs: {inputs:,} ({source}), bias {args.bias}")
+
+    progress = not args.no_progress
+    # Conversion to tfsparse's tensors and the tracing of the layer function
+    # happen once, outside the timed runs (SciPy uses the matrices as they are).
+    start = time.perf_counter()
+    network = gc.prepare_network(weights)
+    gc.inference(features[:1], network, args.bias, progress=False)
+    print(f"tfsparse set-up (conversion and tracing, not timed): {time.perf_counter() - start:.2f} s")
+    ours, ours_seconds = timed(
+        lambda: gc.inference(
+            features, network, args.bias, batch_size=args.batch_size, progress=progress),
+        args.repeats,
+    )
+    reference, reference_seconds = timed(
+        lambda: gc.inference_scipy(features, weights, args.bias, progress=progress),
+        args.repeats,
+    )
+
+    ours_categories = gc.categories(ours)
+    reference_categories = gc.categories(reference)
+    agree = np.array_equal(ours_categories, reference_categories)
+    print(f"categories: {len(ours_categories):,} of {inputs:,} inputs; "
+          f"tfsparse == scipy: {'yes' if agree else 'NO'}")
+    ok = agree
+    if truth is not None:
+        matches_truth = np.array_equal(ours_categories, truth)
+        ok = ok and matches_truth
+        print(f"truth: {len(truth):,} categories; tfsparse == truth: {'yes' if matches_truth else 'NO'}")
+    else:
+        print("truth: no categories file (checked against the SciPy baseline only)")
+
+    ours_rate = inputs * edges / ours_seconds
+    reference_rate = inputs * edges / reference_seconds
+    print(f"tfsparse: {ours_seconds:.3f} s, {ours_rate:.4g} edges/s (median of {args.repeats})")
+    print(f"scipy   : {reference_seconds:.3f} s, {reference_rate:.4g} edges/s (median of {args.repeats})")
+    print(f"ratio tfsparse / scipy: {ours_rate / reference_rate:.2f}x")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
