@@ -7,9 +7,12 @@ import tfsparse
 PACKAGES = [
     "tfsparse",
     "tfsparse.data",
+    "tfsparse.fssl",
     "tfsparse.graphchallenge",
     "tfsparse.layers",
     "tfsparse.ops",
+    "tfsparse.regularizers",
+    "callbacks",
 ]
 
 

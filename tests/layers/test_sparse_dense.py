@@ -42,6 +42,12 @@ def test_forward_equals_dense_with_the_masked_kernel():
     assert layer.density == matrix.count_nonzero() / (12 * 6)
 
 
+@pytest.mark.parametrize("use_bias", [True, False])
+def test_static_output_shape_is_known_on_symbolic_inputs(use_bias):
+    outputs = SparseDense(12, use_bias=use_bias)(keras.Input((20,)))
+    assert outputs.shape.as_list() == [None, 12]
+
+
 def test_random_pattern_is_seeded_and_reproducible():
     a = SparseDense(8, density=0.25, seed=7)
     b = SparseDense(8, density=0.25, seed=7)

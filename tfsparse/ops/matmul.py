@@ -69,7 +69,10 @@ def sparse_matmul(x, values, pattern, use_kernel=None):
 
         return product(x, values, rows, cols, units=units), grad
 
-    return matmul(x, values)
+    y = matmul(x, values)
+    # tf.custom_gradient drops static shapes; the output's is known.
+    y.set_shape(x.shape[:-1].concatenate([units]))
+    return y
 
 
 def _segment_pointer(segment_ids, segments):
@@ -85,9 +88,7 @@ def _segment_pointer(segment_ids, segments):
 
 def _compiled_product(x, values, rows, cols, units):
     """On tfsparse's compiled SpMM kernel (CPU)."""
-    y = kernels.spmm(x, values, rows, _segment_pointer(cols, units))
-    y.set_shape(x.shape[:1].concatenate([units]))  # the pointer's length is dynamic
-    return y
+    return kernels.spmm(x, values, rows, _segment_pointer(cols, units))
 
 
 def _csr_product(x, values, rows, cols, units):

@@ -1,0 +1,193 @@
+"""FSSL: the fine-tuned structured sparsity schedule as a Keras callback."""
+
+import numbers
+import warnings
+
+from tfsparse._keras import keras
+import tensorflow as tf  # noqa: E402  (after tfsparse._keras selects Keras 2)
+
+from tfsparse.fssl import _layers  # noqa: E402
+from tfsparse.regularizers import group_lasso_terms  # noqa: E402
+from tfsparse.regularizers import group_sparsity  # noqa: E402
+
+
+def _invalid(name, expected, received):
+    return ValueError(
+        f'Received an invalid value for "{name}", expected {expected}. '
+        f"Received: {name}={received!r}"
+    )
+
+
+class FSSL(keras.callbacks.Callback):
+    """Train with a group penalty, remove the groups it zeroed, fine-tune without it.
+
+    The model's Dense/SparseDense layers whose ``kernel_regularizer`` holds a
+    ``tfsparse.regularizers.GroupLasso`` take part. The schedule:
+
+    1. Penalty phase: ``fit`` trains with the group lasso in the loss.
+    2. Pruning, at the end of epoch ``prune_epoch - 1`` (or, with
+       ``prune_epoch=None``, once the share of groups whose norm is at most
+       ``threshold`` is above 0 and has changed by at most ``min_delta`` for
+       ``patience`` consecutive epochs): every such group is set to exactly
+       zero and masked, i.e. re-zeroed after every training batch from then
+       on; and the GroupLasso strengths (their ``strength`` variables, read by
+       the compiled training step) are set to 0.
+    3. Fine-tune phase: the remaining epochs train without the penalty, the
+       removed groups held at zero. ``tfsparse.fssl.compact(model)`` then
+       removes them physically.
+
+    At every epoch end it adds to the logs ``fssl/<layer>/<kind>`` (the share
+    of the layer's groups of that kind with norm <= ``threshold``, measured
+    after that epoch's pruning, if any), ``fssl/group_sparsity`` (over all
+    groups) and ``fssl/phase`` (the phase the epoch trained in: 0 penalty,
+    1 fine-tune). The History records them, and so does a ``TensorBoard``
+    callback listed after this one in ``callbacks`` (Keras calls callbacks in
+    list order). ``on_train_begin`` resets the schedule (penalty on, no masks),
+    so a second ``fit`` runs it again. With ``steps_per_execution > 1`` the
+    masks are re-applied every ``steps_per_execution`` batches.
+
+    Args:
+        threshold: float >= 0, the group norm at or under which a group is removed.
+        prune_epoch: int >= 1, the epoch (0-based, as Keras counts) at which
+            fine-tuning starts; None to decide from the sparsity (see above).
+        patience: int >= 1, epochs of stable sparsity before automatic pruning.
+        min_delta: float >= 0, the largest change of the sparsity share between
+            epochs that counts as stable.
+        verbose: 0 or 1; 1 prints when the groups are removed.
+
+    Example:
+        >>> import numpy as np
+        >>> from tfsparse.regularizers import GroupLasso
+        >>> model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(
+        ...     16, activation="relu", kernel_regularizer=GroupLasso(0.01)),
+        ...     keras.layers.Dense(1)])
+        >>> model.compile("adam", "mse")
+        >>> x, y = np.ones((32, 8), "float32"), np.ones((32, 1), "float32")
+        >>> history = model.fit(x, y, epochs=3, verbose=0,
+        ...                     callbacks=[FSSL(threshold=1e-2, prune_epoch=2)])
+        >>> history.history["fssl/phase"]
+        [0.0, 0.0, 1.0]
+    """
+
+    def __init__(self, threshold=1e-3, prune_epoch=None, patience=2, min_delta=0.0, verbose=0):
+        super().__init__()
+        if (isinstance(threshold, bool) or not isinstance(threshold, numbers.Real)
+                or not threshold >= 0):
+            raise _invalid("threshold", "a float >= 0", threshold)
+        if prune_epoch is not None and (
+                isinstance(prune_epoch, bool) or not isinstance(prune_epoch, numbers.Integral)
+                or prune_epoch < 1):
+            raise _invalid("prune_epoch", "None or an integer >= 1", prune_epoch)
+        if isinstance(patience, bool) or not isinstance(patience, numbers.Integral) or patience < 1:
+            raise _invalid("patience", "an integer >= 1", patience)
+        if (isinstance(min_delta, bool) or not isinstance(min_delta, numbers.Real)
+                or not min_delta >= 0):
+            raise _invalid("min_delta", "a float >= 0", min_delta)
+        if verbose not in (0, 1):
+            raise _invalid("verbose", "0 or 1", verbose)
+        self.threshold = float(threshold)
+        self.prune_epoch = prune_epoch
+        self.patience = int(patience)
+        self.min_delta = float(min_delta)
+        self.verbose = verbose
+        self._reset()
+
+    def _reset(self):
+        self.layers = []
+        self.pruned_epoch = None
+        self._masks = []
+        self._apply_masks = None
+        self._previous_share = None
+        self._stable_epochs = 0
+
+    # Keras hooks.
+    def on_train_begin(self, logs=None):
+        self._reset()
+        self.layers = _layers.regularized_layers(self.model)
+        if not self.layers:
+            raise ValueError(
+                "FSSL found no Dense or SparseDense layer with a "
+                "tfsparse.regularizers.GroupLasso kernel_regularizer in model "
+                f"{self.model.name!r}: give the layers to sparsify "
+                "kernel_regularizer=GroupLasso(...)."
+            )
+        epochs = (self.params or {}).get("epochs")
+        if self.prune_epoch is not None and epochs is not None and self.prune_epoch > epochs:
+            raise _invalid("prune_epoch", f"an epoch within fit(epochs={epochs})",
+                           self.prune_epoch)
+        for term in self._terms():
+            term.strength.assign(term.l)
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self._apply_masks is not None:
+            self._apply_masks()
+
+    def on_epoch_end(self, epoch, logs=None):
+        shares, share = self.group_sparsity()
+        if self.pruned_epoch is None and self._should_prune(epoch, share):
+            self._prune(epoch)
+            shares, share = self.group_sparsity()
+        if logs is not None:
+            logs.update(shares)
+            logs["fssl/group_sparsity"] = share
+            trained_without_penalty = self.pruned_epoch is not None and epoch > self.pruned_epoch
+            logs["fssl/phase"] = 1.0 if trained_without_penalty else 0.0
+
+    def on_train_end(self, logs=None):
+        if self.pruned_epoch is None:
+            warnings.warn(
+                "FSSL: training ended before any groups were removed (no epoch met the "
+                "pruning rule); the model is still in the penalty phase.", stacklevel=2)
+
+    # The schedule.
+    def _terms(self):
+        return [term for layer in self.layers
+                for term in group_lasso_terms(layer.kernel_regularizer)]
+
+    def group_sparsity(self):
+        """``({"fssl/<layer>/<kind>": share}, overall share)`` of groups at or under threshold."""
+        shares, under, total = {}, 0.0, 0
+        for layer in self.layers:
+            kinds, block_shape = _layers.group_settings(layer)
+            for kind in kinds:
+                norms = _layers.group_norms_of(layer, kind, block_shape)
+                share = float(group_sparsity(norms, self.threshold))
+                shares[f"fssl/{layer.name}/{kind}"] = share
+                under += share * int(norms.shape[0])
+                total += int(norms.shape[0])
+        return shares, (under / total if total else 0.0)
+
+    def _should_prune(self, epoch, share):
+        if self.prune_epoch is not None:
+            return epoch + 1 >= self.prune_epoch
+        previous, self._previous_share = self._previous_share, share
+        if previous is not None and share > 0 and abs(share - previous) <= self.min_delta:
+            self._stable_epochs += 1
+        else:
+            self._stable_epochs = 0
+        return self._stable_epochs >= self.patience
+
+    def _prune(self, epoch):
+        pairs = []
+        for layer in self.layers:
+            kinds, block_shape = _layers.group_settings(layer)
+            mask = _layers.keep_mask_of(layer, kinds, self.threshold, block_shape)
+            variable = _layers.kernel_variable(layer)
+            mask = tf.Variable(tf.cast(mask, variable.dtype), trainable=False,
+                               name=f"fssl_mask_{layer.name}")
+            variable.assign(variable * mask)
+            pairs.append((variable, mask))
+        self._masks = pairs
+
+        @tf.function
+        def apply_masks():
+            for variable, mask in pairs:
+                variable.assign(variable * mask)
+
+        self._apply_masks = apply_masks
+        for term in self._terms():
+            term.strength.assign(0.0)
+        self.pruned_epoch = epoch
+        if self.verbose:
+            print(f"FSSL: removed groups with norm <= {self.threshold:g} at the end of "
+                  f"epoch {epoch + 1}; fine-tuning without the group penalty.")

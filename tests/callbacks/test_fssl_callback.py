@@ -1,0 +1,217 @@
+"""callbacks.FSSL: the penalty / prune / fine-tune schedule inside model.fit."""
+
+import glob
+import warnings
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tfsparse._keras import keras
+from callbacks.fssl import FSSL
+from tfsparse import fssl
+from tfsparse.layers import SparseDense
+from tfsparse.regularizers import GroupLasso
+from tfsparse.regularizers import group_lasso_terms
+
+TINY_COLUMNS = [0, 3, 5]
+
+
+def data(seed=0, n=64):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, 10)).astype(np.float32)
+    return x, (x[:, :2].sum(axis=1, keepdims=True) > 0).astype(np.float32)
+
+
+def dense_model(l=1e-3):
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([
+        keras.Input((10,)),
+        keras.layers.Dense(8, "relu", name="hidden", kernel_regularizer=GroupLasso(l)),
+        keras.layers.Dense(1, "sigmoid", name="out"),
+    ])
+    kernel = model.layers[0].kernel.numpy()
+    kernel[:, TINY_COLUMNS] *= 1e-4  # columns far under the threshold from the start
+    model.layers[0].kernel.assign(kernel)
+    model.compile(keras.optimizers.SGD(0.01), "binary_crossentropy")
+    return model
+
+
+def sparse_model():
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential([
+        keras.Input((10,)),
+        SparseDense(12, density=0.6, seed=2, activation="relu", name="s1",
+                    kernel_regularizer=GroupLasso(1e-3, ("rows", "columns"))),
+        SparseDense(6, density=0.6, seed=3, activation="relu", name="s2",
+                    kernel_regularizer=GroupLasso(1e-3, "columns") + keras.regularizers.L2(1e-4)),
+        keras.layers.Dense(1, "sigmoid", name="out"),
+    ])
+    for layer, columns in zip(model.layers[:2], ([1, 2, 7], [0, 4])):
+        values = layer.values.numpy()
+        values[np.isin(layer.pattern.cols, columns)] *= 1e-4
+        layer.values.assign(values)
+    model.compile(keras.optimizers.Adam(1e-3), "binary_crossentropy")
+    return model
+
+
+def test_schedule_prunes_masks_and_turns_the_penalty_off():
+    model = dense_model()
+    x, y = data()
+    callback = FSSL(threshold=1e-2, prune_epoch=2)
+    history = model.fit(x, y, epochs=5, batch_size=16, verbose=0, callbacks=[callback])
+    logs = history.history
+    assert logs["fssl/phase"] == [0.0, 0.0, 1.0, 1.0, 1.0]
+    assert callback.pruned_epoch == 1
+    kernel = model.layers[0].kernel.numpy()
+    norms = np.linalg.norm(kernel, axis=0)
+    # The tiny columns were removed at the end of epoch 1 and stayed exactly zero
+    # through three fine-tune epochs with a momentum-free SGD that still moves them.
+    np.testing.assert_array_equal(kernel[:, TINY_COLUMNS], 0.0)
+    assert np.all(norms[np.setdiff1d(np.arange(8), TINY_COLUMNS)] > 1e-2)
+    assert logs["fssl/hidden/columns"][-1] == pytest.approx(len(TINY_COLUMNS) / 8)
+    assert logs["fssl/group_sparsity"][-1] == pytest.approx(len(TINY_COLUMNS) / 8)
+    # Penalty off: the regularisation loss is 0 though the kernel is not.
+    assert float(model.layers[0].kernel_regularizer.strength) == 0.0
+    assert float(tf.add_n(model.losses)) == 0.0
+
+
+def test_fine_tune_steps_change_only_kept_weights():
+    model = dense_model()
+    x, y = data()
+    model.fit(x, y, epochs=1, verbose=0, callbacks=[FSSL(threshold=1e-2, prune_epoch=1)])
+    before = model.layers[0].kernel.numpy()
+    # A second fit restarts the schedule: penalty back on, no masks until it prunes.
+    callback = FSSL(threshold=1e-2, prune_epoch=1)
+    model.fit(x, y, epochs=2, batch_size=16, verbose=0, callbacks=[callback])
+    after = model.layers[0].kernel.numpy()
+    assert np.all(after[:, TINY_COLUMNS] == 0)
+    kept = np.setdiff1d(np.arange(8), TINY_COLUMNS)
+    assert np.all(after[:, kept] != before[:, kept])
+
+
+def test_second_fit_resets_the_schedule():
+    model = dense_model()
+    x, y = data()
+    callback = FSSL(threshold=1e-2, prune_epoch=1)
+    model.fit(x, y, epochs=2, verbose=0, callbacks=[callback])
+    assert float(model.layers[0].kernel_regularizer.strength) == 0.0
+    seen = {}
+
+    class Probe(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            seen.setdefault("strength", float(model.layers[0].kernel_regularizer.strength))
+            seen.setdefault("pruned", callback.pruned_epoch)
+
+    history = model.fit(x, y, epochs=2, verbose=0, callbacks=[callback, Probe()])
+    assert seen == {"strength": pytest.approx(1e-3), "pruned": None}
+    assert history.history["fssl/phase"] == [0.0, 1.0]
+
+
+def test_automatic_pruning_when_the_sparsity_stops_changing():
+    model = dense_model()
+    x, y = data()
+    callback = FSSL(threshold=1e-2, prune_epoch=None, patience=2, min_delta=0.0)
+    history = model.fit(x, y, epochs=5, verbose=0, callbacks=[callback])
+    # Share 3/8 from epoch 0 on: stable at epochs 1 and 2 -> pruned at the end of epoch 2.
+    assert history.history["fssl/group_sparsity"][0] == pytest.approx(3 / 8)
+    assert callback.pruned_epoch == 2
+    assert history.history["fssl/phase"] == [0.0, 0.0, 0.0, 1.0, 1.0]
+
+
+def test_sparse_dense_rows_and_columns_then_compact_matches():
+    model = sparse_model()
+    x, y = data(seed=1)
+    callback = FSSL(threshold=1e-2, prune_epoch=1)
+    history = model.fit(x, y, epochs=3, batch_size=16, verbose=0, callbacks=[callback])
+    assert {"fssl/s1/rows", "fssl/s1/columns", "fssl/s2/columns"} <= set(history.history)
+    s1, s2 = model.layers[:2]
+    for layer, columns in ((s1, [1, 2, 7]), (s2, [0, 4])):
+        np.testing.assert_array_equal(layer.values.numpy()[np.isin(layer.pattern.cols, columns)], 0)
+    assert all(float(t.strength) == 0 for t in group_lasso_terms(s2.kernel_regularizer))
+    # Weight decay (the L2 term of s2's sum) stays on in the fine-tune phase.
+    l2 = 1e-4 * float(tf.reduce_sum(tf.square(s2.values)))
+    assert float(tf.add_n(model.losses)) == pytest.approx(l2, rel=1e-5)
+    compacted = fssl.compact(model)
+    assert compacted.layers[0].units <= 12 - 3 and compacted.layers[1].units <= 6 - 2
+    np.testing.assert_allclose(compacted(x).numpy(), model(x).numpy(), atol=1e-5)
+
+
+def test_sparsity_reaches_callbacks_listed_after_fssl():
+    model = dense_model()
+    x, y = data()
+    seen = []
+
+    class Recorder(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            seen.append(sorted(key for key in logs if key.startswith("fssl/")))
+
+    model.fit(x, y, epochs=2, verbose=0,
+              callbacks=[FSSL(threshold=1e-2, prune_epoch=1), Recorder()])
+    assert seen == [["fssl/group_sparsity", "fssl/hidden/columns", "fssl/phase"]] * 2
+
+
+def test_sparsity_reaches_tensorboard_listed_after_fssl(tmp_path):
+    pytest.importorskip("tensorboard", reason="the TensorBoard callback needs the "
+                                              "tensorboard package, not installed here")
+    model = dense_model()
+    x, y = data()
+    log_dir = str(tmp_path / "logs")
+    model.fit(x, y, epochs=2, verbose=0, callbacks=[
+        FSSL(threshold=1e-2, prune_epoch=1), keras.callbacks.TensorBoard(log_dir)])
+    tags = set()
+    for path in glob.glob(f"{log_dir}/train/events.out.tfevents.*"):
+        for record in tf.data.TFRecordDataset(path):
+            event = tf.compat.v1.Event.FromString(record.numpy())
+            tags.update(value.tag for value in event.summary.value)
+    assert {"epoch_fssl/hidden/columns", "epoch_fssl/group_sparsity"} <= tags
+
+
+def test_no_group_lasso_layer_fails_early():
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)], name="plain")
+    model.compile("sgd", "mse")
+    with pytest.raises(ValueError) as info:
+        model.fit(np.ones((4, 3)), np.ones((4, 2)), verbose=0, callbacks=[FSSL()])
+    assert str(info.value) == (
+        "FSSL found no Dense or SparseDense layer with a tfsparse.regularizers.GroupLasso "
+        "kernel_regularizer in model 'plain': give the layers to sparsify "
+        "kernel_regularizer=GroupLasso(...).")
+
+
+def test_prune_epoch_beyond_fit_fails_early():
+    model = dense_model()
+    x, y = data()
+    with pytest.raises(ValueError) as info:
+        model.fit(x, y, epochs=2, verbose=0, callbacks=[FSSL(prune_epoch=3)])
+    assert str(info.value) == ('Received an invalid value for "prune_epoch", expected an '
+                               "epoch within fit(epochs=2). Received: prune_epoch=3")
+
+
+def test_warns_when_never_pruned():
+    model = dense_model()
+    x, y = data()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model.fit(x, y, epochs=1, verbose=0, callbacks=[FSSL(prune_epoch=None)])
+    assert any("before any groups were removed" in str(w.message) for w in caught)
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        ({"threshold": -1.0}, 'Received an invalid value for "threshold", expected a float '
+                              ">= 0. Received: threshold=-1.0"),
+        ({"prune_epoch": 0}, 'Received an invalid value for "prune_epoch", expected None or an '
+                             "integer >= 1. Received: prune_epoch=0"),
+        ({"patience": 0}, 'Received an invalid value for "patience", expected an integer >= 1. '
+                          "Received: patience=0"),
+        ({"min_delta": -0.1}, 'Received an invalid value for "min_delta", expected a float '
+                              ">= 0. Received: min_delta=-0.1"),
+        ({"verbose": 2}, 'Received an invalid value for "verbose", expected 0 or 1. '
+                         "Received: verbose=2"),
+    ],
+)
+def test_invalid_arguments(kwargs, message):
+    with pytest.raises(ValueError) as info:
+        FSSL(**kwargs)
+    assert str(info.value) == message

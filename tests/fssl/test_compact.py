@@ -1,0 +1,288 @@
+"""compact(), kept_inputs(), report() against NumPy references."""
+
+import numpy as np
+import pytest
+import scipy.sparse
+import tensorflow as tf
+
+from tfsparse._keras import keras
+from tfsparse import fssl
+from tfsparse.layers import SparseDense
+
+# Outputs are O(1) sums of <= 100 float32 products in another order (and
+# constants folded in float64): differences stay below ~100 * 2**-24 * scale.
+ATOL = 1e-5
+
+
+def zero_groups(model, rng, column_share=0.3, row_share=0.2):
+    """Zeroes random columns and rows of every kernel, leaving each layer something."""
+    for layer in model.layers:
+        if isinstance(layer, SparseDense):
+            dense = layer.to_scipy().toarray()
+        elif isinstance(layer, keras.layers.Dense):
+            dense = layer.kernel.numpy()
+        else:
+            continue
+        n_in, n_out = dense.shape
+        if layer is not model.layers[-1]:
+            dense[:, rng.choice(n_out, int(column_share * n_out), replace=False)] = 0
+        dense[rng.choice(n_in, int(row_share * n_in), replace=False)] = 0
+        if isinstance(layer, SparseDense):
+            pattern = layer.pattern
+            layer.values.assign(dense[pattern.rows, pattern.cols])
+        else:
+            layer.kernel.assign(dense)
+        if layer.use_bias:
+            layer.bias.assign(rng.uniform(-0.5, 0.5, layer.bias.shape).astype(np.float32))
+
+
+def reference_kept_units(kernels):
+    """Fixed point: drop units whose column (from kept inputs) or next row is zero."""
+    kept = [np.ones(k.shape[1], bool) for k in kernels]
+    kept_in = np.ones(kernels[0].shape[0], bool)
+    for _ in range(len(kernels) * 4):
+        kept_in = (kernels[0][:, kept[0]] != 0).any(axis=1)
+        previous = kept_in
+        for i, k in enumerate(kernels[:-1]):
+            has_input = (k[previous] != 0).any(axis=0)
+            has_reader = (kernels[i + 1][:, kept[i + 1]] != 0).any(axis=1)
+            kept[i] = has_input & has_reader
+            previous = kept[i]
+    return [np.flatnonzero(k) for k in kept], np.flatnonzero(kept_in)
+
+
+def dense_kernels(model):
+    out = []
+    for layer in model.layers:
+        if isinstance(layer, SparseDense):
+            out.append(layer.to_scipy().toarray())
+        elif isinstance(layer, keras.layers.Dense):
+            out.append(layer.kernel.numpy())
+    return out
+
+
+def build(kind, seed):
+    keras.utils.set_random_seed(seed)
+    if kind == "dense":
+        layers = [keras.Input((20,)), keras.layers.Dense(16, "relu"),
+                  keras.layers.Dense(12, "tanh"), keras.layers.Dense(5)]
+    elif kind == "sparse":
+        layers = [keras.Input((20,)), SparseDense(16, density=0.4, seed=1, activation="relu"),
+                  SparseDense(12, density=0.5, seed=2, activation="relu"),
+                  SparseDense(5, density=0.5, seed=3)]
+    elif kind == "mixed_flatten_dropout":
+        layers = [keras.Input((4, 5)), keras.layers.Flatten(),
+                  SparseDense(16, density=0.5, seed=1, activation="sigmoid"),
+                  keras.layers.Dropout(0.2), keras.layers.Dense(12, "elu"),
+                  SparseDense(5, density=0.6, seed=3, activation="softmax")]
+    elif kind == "activation_layers":  # constants pass through the activation layers
+        layers = [keras.Input((20,)), SparseDense(16, density=0.5, seed=1),
+                  keras.layers.ReLU(max_value=0.4), keras.layers.Dense(12),
+                  keras.layers.Activation("sigmoid"), keras.layers.Dropout(0.5),
+                  keras.layers.LeakyReLU(0.3), keras.layers.Dense(5), keras.layers.ELU()]
+    elif kind == "no_bias_sigmoid":  # removed units are constants sigmoid(0) = 0.5
+        layers = [keras.Input((20,)), keras.layers.Dense(16, "sigmoid", use_bias=False),
+                  keras.layers.Dense(12, "sigmoid", use_bias=False),
+                  SparseDense(5, density=0.5, seed=2, use_bias=False)]
+    return keras.Sequential(layers)
+
+
+KINDS = ["dense", "sparse", "mixed_flatten_dropout", "activation_layers", "no_bias_sigmoid"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dense_threshold", [0.0, fssl.DEFAULT_DENSE_THRESHOLD, 1.0])
+def test_compacted_outputs_equal_and_units_match_reference(kind, dense_threshold):
+    model = build(kind, seed=0)
+    zero_groups(model, np.random.default_rng(1))
+    x = np.random.default_rng(2).standard_normal((8,) + model.input_shape[1:]).astype(np.float32)
+    compacted = fssl.compact(model, dense_threshold=dense_threshold)
+    np.testing.assert_allclose(compacted(x).numpy(), model(x).numpy(), atol=ATOL, rtol=0)
+
+    kept_units, kept_in = reference_kept_units(dense_kernels(model))
+    plans = fssl.plan(model, dense_threshold)
+    for layer_plan, units in zip(plans, kept_units):
+        np.testing.assert_array_equal(layer_plan.kept_units, units)
+    np.testing.assert_array_equal(fssl.kept_inputs(model), kept_in)
+    assert all(len(u) < k.shape[1] for u, k in zip(kept_units[:-1], dense_kernels(model)))
+    new_fc = [layer for layer in compacted.layers
+              if isinstance(layer, (SparseDense, keras.layers.Dense))]
+    assert [layer.units for layer in new_fc] == [len(u) for u in kept_units]
+    for layer, layer_plan in zip(new_fc, plans):
+        expect_dense = layer_plan.to_dense
+        assert isinstance(layer, SparseDense) != expect_dense
+        if isinstance(layer_plan.layer, keras.layers.Dense):
+            assert expect_dense
+        elif dense_threshold == 0.0:
+            assert expect_dense
+        elif dense_threshold == 1.0:
+            assert not expect_dense
+
+
+@pytest.mark.parametrize("kind", ["dense", "sparse"])
+def test_drop_inputs_takes_only_the_kept_features(kind):
+    model = build(kind, seed=3)
+    zero_groups(model, np.random.default_rng(4))
+    kept = fssl.kept_inputs(model)
+    assert kept.size < 20
+    x = np.random.default_rng(5).standard_normal((6, 20)).astype(np.float32)
+    compacted = fssl.compact(model, drop_inputs=True)
+    assert compacted.input_shape == (None, kept.size)
+    np.testing.assert_allclose(compacted(x[:, kept]).numpy(), model(x).numpy(), atol=ATOL)
+
+
+def test_gather_layer_only_for_a_dense_first_layer_that_lost_inputs():
+    model = build("dense", seed=6)
+    zero_groups(model, np.random.default_rng(7))
+    assert isinstance(fssl.compact(model).layers[0], fssl.GatherInputs)
+    sparse = build("sparse", seed=6)
+    zero_groups(sparse, np.random.default_rng(7))
+    first = fssl.compact(sparse, dense_threshold=1.0).layers[0]
+    assert isinstance(first, SparseDense) and first.input_dim == 20
+
+
+def test_compacted_model_saves_and_loads(tmp_path):
+    model = build("mixed_flatten_dropout", seed=8)
+    zero_groups(model, np.random.default_rng(9))
+    compacted = fssl.compact(model, dense_threshold=0.0)
+    x = np.random.default_rng(10).standard_normal((4, 4, 5)).astype(np.float32)
+    path = str(tmp_path / "compact.keras")
+    compacted.save(path)
+    loaded = keras.models.load_model(path)
+    np.testing.assert_allclose(loaded(x).numpy(), model(x).numpy(), atol=ATOL)
+
+
+def test_compacted_model_keeps_training():
+    model = build("sparse", seed=11)
+    zero_groups(model, np.random.default_rng(12))
+    compacted = fssl.compact(model, dense_threshold=0.3)
+    compacted.compile("sgd", "mse")
+    x = np.random.default_rng(13).standard_normal((16, 20)).astype(np.float32)
+    loss = compacted.fit(x, np.zeros((16, 5), np.float32), epochs=2, verbose=0).history["loss"]
+    assert np.all(np.isfinite(loss))
+
+
+@pytest.mark.parametrize("zeroed", [0, 1, 2])
+def test_every_weight_removed_is_a_clear_error(zeroed):
+    names = ["first", "hidden", "last"]
+    model = keras.Sequential([keras.Input((6,))] + [
+        keras.layers.Dense(4, name=name) for name in names])
+    model.layers[zeroed].kernel.assign(tf.zeros_like(model.layers[zeroed].kernel))
+    with pytest.raises(ValueError) as info:
+        fssl.compact(model)
+    assert str(info.value) == (
+        f"Cannot compact: every weight of layer {names[zeroed]!r} would be removed (none "
+        "connects an input that still varies to a unit the outputs depend on), which would "
+        "leave an empty layer; train with a weaker group penalty or a lower threshold.")
+
+
+def test_every_input_removed_is_a_clear_error():
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, name="only")])
+    model.layers[0].kernel.assign(np.zeros((3, 2), np.float32))
+    with pytest.raises(ValueError, match="every weight of layer 'only' would be removed"):
+        fssl.compact(model)
+
+
+PREFIX = ("compact supports Sequential chains of Dense and SparseDense layers, with Flatten "
+          "before the first of them and Dropout or elementwise activation layers (Activation, "
+          "ReLU, LeakyReLU, ELU) after them. ")
+
+
+@pytest.mark.parametrize(
+    "make,message",
+    [
+        (lambda: keras.Sequential([keras.Input((4,)), keras.layers.Dense(3),
+                                   keras.layers.BatchNormalization(name="bn"),
+                                   keras.layers.Dense(2)]),
+         PREFIX + "Received: layer 'bn' of type BatchNormalization (not supported)"),
+        (lambda: keras.Sequential([keras.Input((4,)),
+                                   keras.layers.Dense(3, "softmax", name="soft"),
+                                   keras.layers.Dense(2)]),
+         PREFIX + "Received: layer 'soft' of type Dense (activation 'softmax' is not "
+                  "elementwise, so its units cannot be removed)"),
+        (lambda: keras.Sequential([keras.Input((4,)), keras.layers.Dense(3),
+                                   keras.layers.Activation("softmax", name="act"),
+                                   keras.layers.Dense(2)]),
+         PREFIX + "Received: layer 'act' of type Activation (activation 'softmax' is not "
+                  "elementwise, so its units cannot be removed)"),
+        (lambda: keras.Model(*(lambda i: (i, keras.layers.Dense(2)(i)))(keras.Input((4,)))),
+         'Received an invalid value for "model", expected a built tf_keras Sequential model. '
+         "Received: model of type Functional"),
+        (lambda: keras.Sequential([keras.layers.Dense(2)], name="lazy"),
+         'Received an invalid value for "model", expected a built tf_keras Sequential model '
+         "(give it an Input or call it once). Received: the unbuilt model 'lazy'"),
+    ],
+)
+def test_unsupported_models_are_clear_errors(make, message):
+    model = make()
+    if isinstance(model, keras.Sequential) and model.built:
+        kernel = model.layers[0].kernel.numpy()
+        kernel[:, 0] = 0  # a unit to remove
+        model.layers[0].kernel.assign(kernel)
+    with pytest.raises(ValueError) as info:
+        fssl.compact(model)
+    assert str(info.value) == message
+
+
+def test_invalid_dense_threshold():
+    model = build("dense", seed=0)
+    with pytest.raises(ValueError) as info:
+        fssl.compact(model, dense_threshold=1.5)
+    assert str(info.value) == ('Received an invalid value for "dense_threshold", expected a '
+                               "float in [0, 1]. Received: dense_threshold=1.5")
+
+
+def test_report_rows_match_a_hand_count():
+    keras.utils.set_random_seed(0)
+    pattern = scipy.sparse.csr_matrix(np.array(
+        [[1, 0, 2, 0], [0, 0, 3, 0], [4, 0, 0, 5], [0, 0, 0, 0], [6, 0, 7, 0]], np.float32))
+    model = keras.Sequential([keras.Input((5,)),
+                              SparseDense(4, pattern=pattern, activation="relu", name="s"),
+                              keras.layers.Dense(3, name="d")])
+    kernel = model.layers[1].kernel.numpy()
+    kernel[0] = 0  # unit 0 of "s" is read by nobody
+    model.layers[1].kernel.assign(kernel)
+    lines = []
+    rows = fssl.report(model, dense_threshold=0.9, print_fn=lines.append)
+    # "s": unit 1 has no fan-in, unit 0 no reader -> units {2, 3}; input 3 unused,
+    # input 0 only feeds unit 0 and 2 -> inputs {0, 1, 2, 4}; kept nnz: 2, 3, 5, 7.
+    assert rows[0] == {"layer": "s", "type": "SparseDense -> SparseDense",
+                       "shape_before": (5, 4), "shape_after": (4, 2), "nnz_before": 7,
+                       "nnz_after": 4, "macs_before": 7, "macs_after": 4,
+                       "nnz_removed": pytest.approx(3 / 7), "macs_removed": pytest.approx(3 / 7)}
+    assert rows[1]["shape_after"] == (2, 3) and rows[1]["macs_before"] == 12
+    assert rows[1]["macs_after"] == 6 and rows[1]["nnz_before"] == 9
+    assert rows[1]["macs_removed"] == pytest.approx(0.5)
+    assert rows[2]["layer"] == "total" and rows[2]["macs_after"] == 10
+    assert rows[2]["macs_removed"] == pytest.approx(1 - 10 / 19)
+    assert "SparseDense -> SparseDense" in lines[0] and "42.9%" in lines[0]
+
+
+def test_gather_inputs_layer():
+    layer = fssl.GatherInputs([3, 1])
+    np.testing.assert_array_equal(layer(tf.constant([[0.0, 1.0, 2.0, 3.0]])).numpy(), [[3.0, 1.0]])
+    again = fssl.GatherInputs.from_config(layer.get_config())
+    assert again.indices == [3, 1]
+    with pytest.raises(ValueError) as info:
+        fssl.GatherInputs([1, 1])
+    assert str(info.value) == (
+        'Received an invalid value for "indices", expected a non-empty 1-D sequence of '
+        "distinct non-negative integers. Received: indices=[1, 1]")
+
+
+def test_compacted_layers_drop_group_lasso_and_keep_other_regularizers():
+    from tfsparse.regularizers import GroupLasso
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([
+        keras.Input((6,)),
+        SparseDense(5, density=0.5, seed=1, activation="relu",
+                    kernel_regularizer=GroupLasso(0.1) + keras.regularizers.L2(0.01)),
+        keras.layers.Dense(3, kernel_regularizer=GroupLasso(0.1, "rows")),
+    ])
+    compacted = fssl.compact(model, dense_threshold=1.0)
+    first, second = compacted.layers
+    assert type(first.kernel_regularizer).__name__ == "L2"
+    assert second.kernel_regularizer is None
+    expected = 0.01 * float(tf.reduce_sum(tf.square(first.values)))
+    assert float(tf.add_n(compacted.losses)) == pytest.approx(expected, rel=1e-6)

@@ -1,0 +1,390 @@
+"""compact(): remove the neurons and inputs that FSSL zeroed, physically.
+
+The surgery is planned on NumPy/SciPy copies of the weights (``plan``), then
+the smaller model is built from the plan (``compact``); ``report`` reads the
+same plan. Only exact zeros are removed, so the compacted model computes the
+same function (up to float rounding of a different summation order).
+"""
+
+import dataclasses
+
+import numpy as np
+import scipy.sparse
+
+from tfsparse._keras import keras
+import tensorflow as tf  # noqa: E402  (after tfsparse._keras selects Keras 2)
+
+from tfsparse.fssl._layers import is_fully_connected  # noqa: E402
+from tfsparse.fssl.gather_inputs import GatherInputs  # noqa: E402
+from tfsparse.layers import SparseDense  # noqa: E402
+from tfsparse.regularizers import without_group_lasso  # noqa: E402
+
+# A SparseDense whose compacted kernel is at least this dense becomes a Dense
+# layer. Measured by benchmarks/fssl_crossover.py (forward pass, batch 256, on
+# the project's shared 2-core CPU): SparseDense and Dense take the same time
+# at densities of 0.06-0.12 for 512x512 kernels and 0.06-0.18 for 1024x1024
+# ones over two runs; for 256x256 kernels SparseDense was never faster. 0.1
+# lies inside the measured range.
+DEFAULT_DENSE_THRESHOLD = 0.1
+
+# Activations applied unit by unit: removing some units leaves the others'
+# outputs unchanged. (Softmax is not: it cannot lose units.)
+_ELEMENTWISE = frozenset({
+    "linear", "relu", "relu6", "leaky_relu", "elu", "selu", "gelu", "sigmoid",
+    "hard_sigmoid", "tanh", "softplus", "softsign", "swish", "silu", "mish",
+    "exponential",
+})
+
+
+@dataclasses.dataclass
+class LayerPlan:
+    """What compaction does to one fully connected layer.
+
+    Attributes:
+        layer: the original layer.
+        kept_inputs: indices of the layer's inputs that stay (sorted).
+        kept_units: indices of its output units that stay (sorted).
+        kernel: the compacted kernel, ``scipy.sparse.csr_matrix``
+            ``(len(kept_inputs), len(kept_units))`` without stored zeros.
+        bias: the compacted bias with constants of removed units folded in, or
+            None when the layer has no bias and nothing was folded.
+        to_dense: whether the compacted layer is a ``Dense``.
+    """
+
+    layer: object
+    kept_inputs: np.ndarray
+    kept_units: np.ndarray
+    kernel: scipy.sparse.csr_matrix
+    bias: object
+    to_dense: bool
+
+    @property
+    def original_shape(self):
+        """``(input_dim, units)`` of the original kernel."""
+        return _kernel_shape(self.layer)
+
+
+# Layers allowed after a Dense/SparseDense: they act unit by unit (Dropout is
+# the identity at inference), so they carry over to the kept units unchanged.
+_UNITWISE_LAYERS = (
+    keras.layers.Dropout, keras.layers.Activation, keras.layers.ReLU,
+    keras.layers.LeakyReLU, keras.layers.ELU,
+)
+
+
+def _unsupported(layer, reason):
+    return ValueError(
+        "compact supports Sequential chains of Dense and SparseDense layers, with "
+        "Flatten before the first of them and Dropout or elementwise activation "
+        "layers (Activation, ReLU, LeakyReLU, ELU) after them. Received: layer "
+        f"{layer.name!r} of type {type(layer).__name__} ({reason})"
+    )
+
+
+def _chain(model):
+    """Splits a Sequential model into (Flatten or None, [fc and unit-wise layers])."""
+    if not isinstance(model, keras.Sequential):
+        raise ValueError(
+            'Received an invalid value for "model", expected a built tf_keras '
+            f"Sequential model. Received: model of type {type(model).__name__}"
+        )
+    if not model.built:
+        raise ValueError(
+            'Received an invalid value for "model", expected a built tf_keras '
+            "Sequential model (give it an Input or call it once). Received: "
+            f"the unbuilt model {model.name!r}"
+        )
+    flatten, chain = None, []
+    for layer in model.layers:
+        if type(layer).__name__ == "PruneLowMagnitude":
+            raise _unsupported(layer, "call tfmot.sparsity.keras.strip_pruning first")
+        if isinstance(layer, keras.layers.Flatten) and not chain and flatten is None:
+            flatten = layer
+        elif isinstance(layer, _UNITWISE_LAYERS) and chain:
+            chain.append(layer)
+        elif is_fully_connected(layer):
+            if not isinstance(layer, SparseDense) and len(layer.kernel.shape) != 2:
+                raise _unsupported(layer, "a Dense kernel that is not 2-D")
+            chain.append(layer)
+        else:
+            raise _unsupported(layer, "not supported")
+    if not chain:
+        raise ValueError(
+            'Received an invalid value for "model", expected at least one Dense or '
+            f"SparseDense layer. Received: model {model.name!r} without one"
+        )
+    return flatten, chain
+
+
+def _kernel_and_bias(layer):
+    if isinstance(layer, SparseDense):
+        kernel = layer.to_scipy().tocsr()
+    else:
+        kernel = scipy.sparse.csr_matrix(layer.kernel.numpy())
+    kernel.eliminate_zeros()
+    units = kernel.shape[1]
+    bias = layer.bias.numpy().astype(np.float64) if layer.use_bias else np.zeros(units)
+    return kernel, bias
+
+
+def _kernel_shape(layer):
+    if isinstance(layer, SparseDense):
+        return (layer.input_dim, layer.units)
+    return tuple(int(d) for d in layer.kernel.shape)
+
+
+def _activation_name(layer):
+    name = keras.activations.serialize(layer.activation)
+    return name if isinstance(name, str) else str(name)
+
+
+def _nonzero_rows(kernel, columns):
+    return np.flatnonzero(np.diff(kernel[:, columns].tocsr().indptr) > 0)
+
+
+def _nonzero_columns(kernel, rows):
+    sub = kernel[rows, :].tocsc()
+    return np.flatnonzero(np.diff(sub.indptr) > 0)
+
+
+def _split(chain):
+    """``[(fc layer, [unit-wise layers after it])]`` from a chain."""
+    groups = []
+    for layer in chain:
+        if is_fully_connected(layer):
+            groups.append((layer, []))
+        else:
+            groups[-1][1].append(layer)
+    return groups
+
+
+def _unit_function_name(layer):
+    """The elementwise function's name, or None when it is not elementwise."""
+    if isinstance(layer, keras.layers.Activation) or is_fully_connected(layer):
+        name = _activation_name(layer)
+        return name if name in _ELEMENTWISE else None
+    return type(layer).__name__
+
+
+def _liveness(kernels):
+    """Input rows and units on some path of nonzeros from the inputs to the outputs.
+
+    Returns ``(needed inputs, needed units, varying units, kept units)``, the
+    unit lists per layer: needed units feed the outputs, varying units depend
+    on the inputs (the others are constants), kept units are both (all units
+    of the last layer are kept).
+    """
+    count = len(kernels)
+    needed = [None] * count
+    needed[-1] = np.arange(kernels[-1].shape[1])
+    for i in range(count - 1, 0, -1):
+        needed[i - 1] = _nonzero_rows(kernels[i], needed[i])
+    needed_inputs = _nonzero_rows(kernels[0], needed[0])
+    varying, rows = [], np.arange(kernels[0].shape[0])
+    for kernel in kernels:
+        varying.append(_nonzero_columns(kernel, rows))
+        rows = varying[-1]
+    kept = [np.intersect1d(needed[i], varying[i]) for i in range(count - 1)] + [needed[-1]]
+    return needed_inputs, needed, varying, kept
+
+
+def _constants(layer, followers, pre_activation, varying):
+    """The outputs of the units outside ``varying``: fixed values (0 for the others)."""
+    is_constant = np.ones(pre_activation.size, bool)
+    is_constant[varying] = False
+    constants = np.zeros(pre_activation.size)
+    if is_constant.any():
+        activated = layer.activation(tf.constant(pre_activation[None, :]))
+        for follower in followers:
+            activated = follower(activated, training=False)
+        constants[is_constant] = activated[0].numpy()[is_constant]
+    return constants
+
+
+def plan(model, dense_threshold=DEFAULT_DENSE_THRESHOLD):
+    """Plans the compaction of ``model`` (see :func:`compact`); changes nothing.
+
+    Returns:
+        A list of :class:`LayerPlan`, one per Dense/SparseDense layer, in order.
+    """
+    _check_threshold(dense_threshold)
+    groups = _split(_chain(model)[1])
+    layers = [layer for layer, _ in groups]
+    kernels, biases = zip(*(_kernel_and_bias(layer) for layer in layers))
+    needed_inputs, needed, varying, kept = _liveness(kernels)
+    _check_not_empty(layers, kernels, varying, needed)
+    plans, constants = [], np.zeros(kernels[0].shape[0])
+    for i, (layer, followers) in enumerate(groups):
+        inputs = needed_inputs if i == 0 else kept[i - 1]
+        pre_activation = biases[i] + kernels[i].T @ constants  # folds removed constants
+        if i < len(layers) - 1:
+            if kept[i].size < kernels[i].shape[1]:
+                for unit_layer in [layer] + followers:
+                    if _unit_function_name(unit_layer) is None:
+                        raise _unsupported(
+                            unit_layer, f"activation {_activation_name(unit_layer)!r} is "
+                                        "not elementwise, so its units cannot be removed")
+            constants = _constants(layer, followers, pre_activation, varying[i])
+        kernel = kernels[i][inputs][:, kept[i]].tocsr()
+        kernel.eliminate_zeros()
+        bias = pre_activation[kept[i]]
+        if not layer.use_bias and not np.any(bias):
+            bias = None
+        density = kernel.nnz / (inputs.size * kept[i].size)
+        to_dense = not isinstance(layer, SparseDense) or density >= dense_threshold
+        plans.append(LayerPlan(layer, inputs, kept[i], kernel, bias, to_dense))
+    return plans
+
+
+def _check_not_empty(layers, kernels, varying, needed):
+    """Raises for the layer that disconnects the outputs from the inputs, if any."""
+    inputs = [np.arange(kernels[0].shape[0])] + varying[:-1]
+    for i in range(len(layers)):  # first layer whose varying inputs reach nothing
+        if kernels[i][inputs[i]].nnz == 0:
+            raise _everything_removed(layers[i])
+    for i in reversed(range(len(layers))):  # last layer whose needed units read nothing
+        if kernels[i][:, needed[i]].nnz == 0:
+            raise _everything_removed(layers[i])
+    for i in range(len(layers)):
+        if kernels[i][inputs[i]][:, needed[i]].nnz == 0:
+            raise _everything_removed(layers[i])
+
+
+def _everything_removed(layer):
+    return ValueError(
+        f"Cannot compact: every weight of layer {layer.name!r} would be removed (none "
+        "connects an input that still varies to a unit the outputs depend on), which "
+        "would leave an empty layer; train with a weaker group penalty or a lower threshold."
+    )
+
+
+def _check_threshold(dense_threshold):
+    if not isinstance(dense_threshold, (int, float)) or not 0 <= dense_threshold <= 1:
+        raise ValueError(
+            'Received an invalid value for "dense_threshold", expected a float in '
+            f"[0, 1]. Received: dense_threshold={dense_threshold!r}"
+        )
+
+
+def kept_inputs(model):
+    """Indices of the (flattened) input features the compacted model still reads.
+
+    Example:
+        >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+        >>> kernel, bias = model.layers[0].get_weights()
+        >>> kernel[1] = 0.0
+        >>> model.layers[0].set_weights([kernel, bias])
+        >>> kept_inputs(model).tolist()
+        [0, 2]
+    """
+    return plan(model)[0].kept_inputs
+
+
+_SETTINGS = (
+    "name", "dtype", "trainable", "activation", "kernel_initializer", "bias_initializer",
+    "kernel_regularizer", "bias_regularizer", "activity_regularizer", "kernel_constraint",
+    "bias_constraint",
+)
+
+
+def _build_layer(layer_plan):
+    config = layer_plan.layer.get_config()
+    settings = {key: config[key] for key in _SETTINGS if key in config}
+    # The FSSL phase is over: the compacted layer keeps its other regularisers only.
+    settings["kernel_regularizer"] = keras.regularizers.serialize(
+        without_group_lasso(layer_plan.layer.kernel_regularizer))
+    units = int(layer_plan.kept_units.size)
+    use_bias = layer_plan.bias is not None
+    dtype = layer_plan.layer.dtype
+    if layer_plan.to_dense:
+        layer = keras.layers.Dense.from_config({**settings, "units": units, "use_bias": use_bias})
+        layer.build((None, layer_plan.kernel.shape[0]))
+        layer.kernel.assign(layer_plan.kernel.toarray().astype(dtype))
+    else:
+        layer = SparseDense(units, pattern=layer_plan.kernel.astype(dtype), use_bias=use_bias,
+                            **{k: v for k, v in settings.items()})
+        layer.build((None, layer_plan.kernel.shape[0]))
+    if use_bias:
+        layer.bias.assign(layer_plan.bias.astype(dtype))
+    return layer
+
+
+def compact(model, dense_threshold=DEFAULT_DENSE_THRESHOLD, drop_inputs=False):
+    """A new, smaller model in which the neurons FSSL removed are physically gone.
+
+    For each pair of consecutive layers, a hidden unit is removed when its
+    kernel column is zero (it is then a constant, ``activation(bias)``, which is
+    folded into the next layer's bias, so no activation is lost) or when its row
+    in the next layer's kernel is zero (nothing reads it); this is repeated
+    through the chain in both directions. Input features whose first-layer rows
+    are zero are removed too. The output units all stay. Only exact zeros
+    count: after ``callbacks.FSSL`` the removed groups are exactly zero.
+
+    A SparseDense layer whose compacted kernel has density at least
+    ``dense_threshold`` becomes a ``Dense`` layer; Dense layers stay Dense.
+    Layers keep their names and settings (activation, initialisers,
+    constraints, regularisers) except the ``GroupLasso`` terms of their kernel
+    regularisers: the FSSL phase is over, so further training of the
+    compacted model is not penalised (other terms, such as L2, stay).
+
+    Constants are folded at inference: a Dropout after a removed constant unit
+    no longer drops it when the compacted model is trained further.
+
+    Inputs: by default the compacted model takes the same inputs as ``model``.
+    If its first layer is a Dense that lost input rows, a ``GatherInputs``
+    layer selects the kept features first (a first SparseDense needs none: its
+    pattern just skips them). With ``drop_inputs=True`` the compacted model
+    instead takes only the kept (flattened) features, ``x[:, kept_inputs(model)]``.
+
+    Args:
+        model: a built ``tf_keras`` Sequential chain of Dense/SparseDense layers,
+            optionally with a Flatten before the first, and Dropout or
+            elementwise activation layers (Activation, ReLU, LeakyReLU, ELU)
+            after them. Anything else raises a ValueError naming the layer.
+        dense_threshold: density in [0, 1] from which a SparseDense becomes Dense.
+        drop_inputs: take only the kept input features (see above).
+
+    Returns:
+        A new ``keras.Sequential``; ``model`` is unchanged.
+
+    Raises:
+        ValueError: for unsupported models, or when every input of the first
+            layer or every unit of a hidden layer would be removed.
+
+    Example:
+        >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3),
+        ...                           keras.layers.Dense(2)])
+        >>> kernel, bias = model.layers[0].get_weights()
+        >>> kernel[:, 1] = 0.0
+        >>> model.layers[0].set_weights([kernel, bias])
+        >>> [layer.units for layer in compact(model).layers]
+        [2, 2]
+    """
+    _check_threshold(dense_threshold)
+    flatten, chain = _chain(model)
+    plans = plan(model, dense_threshold)
+    first = plans[0]
+    input_dim = first.original_shape[0]
+    new_layers = []
+    if drop_inputs:
+        new_layers.append(keras.Input((first.kept_inputs.size,), dtype=model.input.dtype))
+    else:
+        new_layers.append(keras.Input(model.input_shape[1:], dtype=model.input.dtype))
+        if flatten is not None:
+            new_layers.append(flatten.__class__.from_config(flatten.get_config()))
+        if first.kept_inputs.size < input_dim:
+            if first.to_dense:
+                new_layers.append(
+                    GatherInputs(first.kept_inputs.tolist(), name="fssl_kept_inputs"))
+            else:  # the pattern skips the removed inputs: put its rows back in place
+                coo = first.kernel.tocoo()
+                first.kernel = scipy.sparse.csr_matrix(
+                    (coo.data, (first.kept_inputs[coo.row], coo.col)),
+                    shape=(input_dim, first.kernel.shape[1]))
+    layer_plans = iter(plans)
+    for layer in chain:
+        if is_fully_connected(layer):
+            new_layers.append(_build_layer(next(layer_plans)))
+        else:
+            new_layers.append(layer.__class__.from_config(layer.get_config()))
+    return keras.Sequential(new_layers, name=f"{model.name}_compact")

@@ -1,0 +1,29 @@
+"""Structured-sparsity regularisers (group lasso) for dense and sparse kernels."""
+
+from tfsparse.regularizers.group_lasso import GroupLasso
+from tfsparse.regularizers.group_lasso import RegularizerSum
+from tfsparse.regularizers.group_lasso import group_lasso_terms
+from tfsparse.regularizers.group_lasso import without_group_lasso
+from tfsparse.regularizers.group_norms import dense_group_norms
+from tfsparse.regularizers.group_norms import dense_keep_mask
+from tfsparse.regularizers.group_norms import group_ids
+from tfsparse.regularizers.group_norms import group_sparsity
+from tfsparse.regularizers.group_norms import num_groups
+from tfsparse.regularizers.group_norms import safe_norm
+from tfsparse.regularizers.group_norms import sparse_group_norms
+from tfsparse.regularizers.group_norms import sparse_keep_mask
+
+__all__ = [
+    "GroupLasso",
+    "RegularizerSum",
+    "dense_group_norms",
+    "dense_keep_mask",
+    "group_ids",
+    "group_lasso_terms",
+    "group_sparsity",
+    "num_groups",
+    "safe_norm",
+    "sparse_group_norms",
+    "sparse_keep_mask",
+    "without_group_lasso",
+]
