@@ -22,11 +22,24 @@ $(KERNEL): $(wildcard tfsparse/ops/kernels/*.cc) tfsparse/ops/build.py $(STAMP)
 test: setup
 	$(PY) -m pytest -q tests
 
+# The main job on the shipped real data: a few minutes on 2 cores.
 demo: setup
 	$(PY) examples/mnist_sparse.py
+	$(PY) -m tfsparse.graphchallenge --neurons 1024 --layers 120 --repeats 1
+	$(PY) examples/fssl_mnist.py
+	$(VENV)/bin/horovodrun -np 2 -H localhost:2 --gloo $(PY) examples/horovod_sidco_mnist.py --epochs 5
 
+# The README's figures (long: about half an hour on 2 cores).
 bench: setup
 	$(PY) benchmarks/sparse_dense_speed.py
+	$(PY) benchmarks/sparse_dense_memory.py
+	$(PY) -m tfsparse.graphchallenge --neurons 1024 --layers 120
+	$(PY) benchmarks/fssl_crossover.py
+	$(PY) benchmarks/fssl_mnist.py
+	$(PY) benchmarks/fssl_graphchallenge.py
+	$(PY) benchmarks/compression_speed.py
+	$(PY) benchmarks/compression_quality.py
+	$(PY) benchmarks/compression_convergence.py
 
 clean:
 	rm -f $(KERNEL)

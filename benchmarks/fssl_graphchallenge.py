@@ -58,6 +58,7 @@ from tfsparse.graphchallenge import radixnet  # noqa: E402
 from tfsparse.graphchallenge.sparse_inference import CLIP  # noqa: E402
 from tfsparse.layers import SparseDense  # noqa: E402
 from tfsparse.regularizers import GroupLasso  # noqa: E402
+from timing import interleaved_medians  # noqa: E402  (benchmarks/timing.py)
 
 
 class EpochBar(keras.callbacks.Callback):
@@ -108,18 +109,6 @@ def kernel_nnz(model):
     return sum(layer.nnz if isinstance(layer, SparseDense) else int(np.prod(layer.kernel.shape))
                for layer in model.layers
                if isinstance(layer, (SparseDense, keras.layers.Dense)))
-
-
-def interleaved_medians(functions, repeats):
-    for function in functions.values():
-        function()
-    times = {name: [] for name in functions}
-    for _ in range(repeats):
-        for name, function in functions.items():
-            start = time.perf_counter()
-            function()
-            times[name].append(time.perf_counter() - start)
-    return {name: float(np.median(values)) for name, values in times.items()}
 
 
 def forward(model, x, batch_size):

@@ -43,6 +43,7 @@ from tfsparse import fssl  # noqa: E402
 from tfsparse.data import load_mnist_sample  # noqa: E402
 from tfsparse.layers import SparseDense  # noqa: E402
 from tfsparse.regularizers import GroupLasso  # noqa: E402
+from timing import interleaved_medians  # noqa: E402  (benchmarks/timing.py)
 
 HIDDEN = (1024, 1024)
 
@@ -85,20 +86,6 @@ def kernel_entries(model):
         elif isinstance(layer, keras.layers.Dense):
             total += int(np.prod(layer.kernel.shape))
     return total
-
-
-def interleaved_medians(functions, repeats):
-    """Median seconds of each function, timed in interleaved rounds (fair under load)."""
-    for function in functions.values():
-        function()
-        function()
-    times = {name: [] for name in functions}
-    for _ in range(repeats):
-        for name, function in functions.items():
-            start = time.perf_counter()
-            function()
-            times[name].append(time.perf_counter() - start)
-    return {name: float(np.median(values)) for name, values in times.items()}
 
 
 def inference_function(model, x):

@@ -6,9 +6,11 @@ import tfsparse
 
 PACKAGES = [
     "tfsparse",
+    "tfsparse.compression",
     "tfsparse.data",
     "tfsparse.fssl",
     "tfsparse.graphchallenge",
+    "tfsparse.horovod",
     "tfsparse.layers",
     "tfsparse.ops",
     "tfsparse.regularizers",

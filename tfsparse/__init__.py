@@ -1,11 +1,14 @@
 """tfsparse: fast training of sparse deep neural networks with Keras.
 
 Importing tfsparse makes Keras 2 (``tf_keras``) the Keras in use (see
-``tfsparse._keras``). The public API, one name per line:
+``tfsparse._keras``). Subpackages that need optional components are imported
+explicitly: ``tfsparse.horovod`` (Horovod), ``tfsparse.partition``
+(Mt-KaHyPar, and Horovod for the distributed part) and ``tfsparse.distribute``.
 """
 
 from tfsparse._keras import keras  # noqa: F401  (selects tf_keras first)
 
+from tfsparse import compression
 from tfsparse import data
 from tfsparse import fssl
 from tfsparse import graphchallenge
@@ -19,6 +22,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "SparseDense",
+    "compression",
     "data",
     "fssl",
     "graphchallenge",

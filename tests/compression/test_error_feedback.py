@@ -1,0 +1,105 @@
+"""ErrorFeedback: residual arithmetic, conservation over steps, non-finite policy, checkpoints."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tfsparse.compression import ErrorFeedback
+from tfsparse.compression import SIDCo
+from tfsparse.compression import TopK
+
+
+def test_residual_is_what_was_not_sent():
+    variable = tf.Variable(tf.zeros([6]))
+    feedback = ErrorFeedback(TopK(2 / 6), [variable])
+    gradient = np.array([0.5, -4.0, 1.0, 3.0, -0.2, 0.1], np.float32)
+    values, indices = feedback.compress([tf.constant(gradient)])
+    assert sorted(indices.numpy().tolist()) == [1, 3]
+    np.testing.assert_array_equal(feedback.residuals[0].numpy(), np.array([0.5, 0, 1.0, 0, -0.2, 0.1], np.float32))
+    # Next step: the residual is added before selecting.
+    values, indices = feedback.compress([tf.constant([0.6, 0, 0, 0, 0, 0], np.float32)])
+    order = np.argsort(indices.numpy())
+    assert indices.numpy()[order].tolist() == [0, 2]
+    np.testing.assert_allclose(values.numpy()[order], [1.1, 1.0])
+
+
+def test_nothing_is_lost_over_many_steps():
+    # sum of everything sent + final residual == sum of all gradients.
+    variables = [tf.Variable(tf.zeros([30, 20])), tf.Variable(tf.zeros([20]))]
+    feedback = ErrorFeedback(SIDCo(0.05), variables)
+    rng = np.random.default_rng(0)
+    total_sent = [np.zeros([30, 20]), np.zeros([20])]
+    total_gradient = [np.zeros([30, 20]), np.zeros([20])]
+    for _ in range(25):
+        grads = [rng.laplace(size=[30, 20]).astype(np.float32), rng.laplace(size=[20]).astype(np.float32)]
+        values, indices = feedback.compress([tf.constant(g) for g in grads])
+        for i, part in enumerate(feedback.decompress(values, indices)):
+            total_sent[i] += part.numpy()
+            total_gradient[i] += grads[i]
+    for sent, residual, gradient in zip(total_sent, feedback.residuals, total_gradient):
+        # float32 additions over 25 steps of O(1) values: error ~ 25 * 6e-8 * 10.
+        np.testing.assert_allclose(sent + residual.numpy(), gradient, atol=1e-4)
+
+
+def test_fused_buffer_indexes_the_concatenation():
+    variables = [tf.Variable(tf.zeros([2, 2])), tf.Variable(tf.zeros([3]))]
+    feedback = ErrorFeedback(TopK(1 / 7), variables)
+    values, indices = feedback.compress([tf.zeros([2, 2]), tf.constant([0.0, 9.0, 0.0])])
+    assert indices.numpy().tolist() == [5] and values.numpy().tolist() == [9.0]
+    first, second = feedback.decompress(values, indices, scale=0.5)
+    assert first.shape == (2, 2) and second.numpy().tolist() == [0.0, 4.5, 0.0]
+
+
+def test_runs_inside_tf_function():
+    variable = tf.Variable(tf.zeros([100]))
+    feedback = ErrorFeedback(TopK(0.1), [variable])
+
+    @tf.function
+    def step(gradient):
+        values, indices = feedback.compress([gradient])
+        return feedback.decompress(values, indices)[0]
+
+    gradient = tf.constant(np.random.default_rng(1).normal(size=100).astype(np.float32))
+    sent = step(gradient)
+    np.testing.assert_array_equal(sent.numpy() + feedback.residuals[0].numpy(), gradient.numpy())
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_non_finite_gradient_raises_naming_the_variable(bad):
+    variable = tf.Variable(tf.zeros([4]), name="dense_kernel")
+    feedback = ErrorFeedback(TopK(0.5), [variable])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="Non-finite gradient.*dense_kernel"):
+        feedback.compress([tf.constant([1.0, bad, 0.0, 2.0])])
+
+
+def test_non_finite_gradient_skipped_when_asked():
+    variables = [tf.Variable(tf.zeros([4]), name="a"), tf.Variable(tf.zeros([2]), name="b")]
+    feedback = ErrorFeedback(TopK(0.5), variables, nonfinite="skip")
+    feedback.compress([tf.constant([1.0, 0.0, 0.0, 0.5]), tf.zeros([2])])
+    kept = feedback.residuals[0].numpy().copy()
+    values, indices = feedback.compress([tf.constant([np.nan, 1.0, 0.0, 0.0]), tf.constant([3.0, -7.0])])
+    # Variable a sends nothing and keeps its residual; b is compressed as usual.
+    assert not np.any(np.isnan(values.numpy()))
+    assert all(i >= 4 for i in indices.numpy().tolist())
+    np.testing.assert_array_equal(feedback.residuals[0].numpy(), kept)
+
+
+def test_residuals_are_saved_and_restored_with_checkpoints(tmp_path):
+    variable = tf.Variable(tf.zeros([50]))
+    feedback = ErrorFeedback(SIDCo(0.1), [variable])
+    feedback.compress([tf.constant(np.random.default_rng(2).normal(size=50).astype(np.float32))])
+    path = tf.train.Checkpoint(feedback=feedback).save(str(tmp_path / "feedback"))
+    restored = ErrorFeedback(SIDCo(0.1), [tf.Variable(tf.zeros([50]))])
+    tf.train.Checkpoint(feedback=restored).restore(path).assert_consumed()
+    np.testing.assert_array_equal(restored.residuals[0].numpy(), feedback.residuals[0].numpy())
+    assert np.any(restored.residuals[0].numpy() != 0)
+    assert not restored.residuals[0].trainable
+
+
+def test_invalid_arguments():
+    with pytest.raises(ValueError, match='"nonfinite", expected one of \'raise\', \'skip\'. Received: nonfinite=\'ignore\''):
+        ErrorFeedback(TopK(0.1), [tf.Variable(tf.zeros([2]))], nonfinite="ignore")
+    with pytest.raises(ValueError, match="single dtype"):
+        ErrorFeedback(TopK(0.1), [tf.Variable(tf.zeros([2])), tf.Variable(tf.zeros([2], tf.float64))])
+    with pytest.raises(ValueError, match="at least one variable"):
+        ErrorFeedback(TopK(0.1), [])

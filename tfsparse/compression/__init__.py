@@ -1,0 +1,27 @@
+"""Gradient compressors behind one contract, and error feedback.
+
+``values, indices = compressor.compress(flat)`` keeps some elements of a 1-D
+float tensor (int32 positions); ``compressor.decompress(values, indices, size)``
+rebuilds the dense tensor. The SIDCo threshold estimators are plain functions
+in `tfsparse.compression.thresholds`.
+"""
+
+from tfsparse.compression import thresholds
+from tfsparse.compression.base import Compressor
+from tfsparse.compression.dgc import DGC
+from tfsparse.compression.error_feedback import ErrorFeedback
+from tfsparse.compression.no_compression import NoCompression
+from tfsparse.compression.random_k import RandomK
+from tfsparse.compression.sidco import SIDCo
+from tfsparse.compression.topk import TopK
+
+__all__ = [
+    "Compressor",
+    "DGC",
+    "ErrorFeedback",
+    "NoCompression",
+    "RandomK",
+    "SIDCo",
+    "TopK",
+    "thresholds",
+]
