@@ -8,11 +8,13 @@ PACKAGES = [
     "tfsparse",
     "tfsparse.compression",
     "tfsparse.data",
+    "tfsparse.distribute",
     "tfsparse.fssl",
     "tfsparse.graphchallenge",
     "tfsparse.horovod",
     "tfsparse.layers",
     "tfsparse.ops",
+    "tfsparse.partition",
     "tfsparse.regularizers",
     "callbacks",
 ]

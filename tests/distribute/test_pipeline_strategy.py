@@ -1,0 +1,105 @@
+"""PipelineStrategy on two logical CPU devices (run in a subprocess).
+
+Logical devices must be configured before TensorFlow initialises its
+devices, so pipeline_strategy_checks.py runs every check in a fresh process
+and this module asserts on its JSON results.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pipeline_strategy_checks.py")
+TIMEOUT_S = 300
+# float32 weights after 8 updates, gradients summed in a different order
+# (micro-batch means averaged instead of one batch mean): a few ulps of O(1)
+# values per step, far below 1e-5.
+TOLERANCE = dict(rtol=1e-5, atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    out = tmp_path_factory.mktemp("pipeline") / "results.json"
+    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
+    run = subprocess.run([sys.executable, SCRIPT, str(out)], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
+    with open(out) as handle:
+        return json.load(handle)
+
+
+def assert_weights_close(got, want):
+    assert len(got) == len(want)
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(np.array(a), np.array(b), **TOLERANCE)
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "layerpipe", "pipedream"])
+def test_one_step_windows_equal_training_with_gradient_accumulation(results, schedule, optimizer):
+    # A window of one step drains the pipeline before the update, so every
+    # schedule (LayerPipe with rows of a layer on two stages included) is
+    # plain training on the whole batch: the mean of the micro-batch means.
+    got, plain = results[f"{schedule}_{optimizer}"], results[f"plain_{optimizer}"]
+    assert_weights_close(got["weights"], plain["weights"])
+    np.testing.assert_allclose(got["history"]["loss"], plain["history"]["loss"], rtol=1e-5)
+    assert got["history"]["accuracy"] == plain["history"]["accuracy"]
+    assert got["iterations"] == 8  # 48 samples / 12 per batch * 2 epochs
+
+
+def test_layerpipe_really_splits_a_layer_over_two_devices(results):
+    got = results["layerpipe_sgd"]
+    # 12x40 dense first layer dominates: stage 0 owns no layer and computes
+    # 2 of every 3 rows of layer 0 (micro-batches of 3 rows).
+    assert got["stages"] == [[], [0, 1, 2]]
+    assert got["borrowed"] == pytest.approx([2 / 3, 0.0])
+    assert got["stage_iterations"] == [0, 8]
+    assert results["gpipe_sgd"]["stage_iterations"] == [8, 8]
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "pipedream", "layerpipe", "async"])
+def test_windows_of_four_steps_follow_the_action_lists(results, schedule):
+    # NumPy reference of the lists' semantics (weight versions, stashing,
+    # update groups) for two linear stages; float32 like the model.
+    got = results[f"async_{schedule}"]
+    assert_weights_close(got["got"], got["reference"])
+    differs = max(np.max(np.abs(np.array(a) - np.array(b)))
+                  for a, b in zip(got["got"], got["synchronous"]))
+    if schedule in ("gpipe", "1f1b"):
+        assert differs < 1e-5
+    else:  # stale weights really were used
+        assert differs > 1e-3
+
+
+def test_predict_evaluate_and_save(results):
+    got = results["predict"]
+    # Same layers, same weights, rows split into micro-batches (10 rows into
+    # 4 uneven parts): identical arithmetic per row.
+    np.testing.assert_allclose(got["got"], got["want"], rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(got["evaluate"], got["evaluate_plain"], rtol=1e-6)
+    np.testing.assert_allclose(got["loaded"], got["got"], rtol=1e-6, atol=1e-6)
+
+
+def test_training_graph_uses_both_devices(results):
+    assert results["devices_used"] == ["device:CPU:0", "device:CPU:1"]
+
+
+def test_bad_inputs_raise_keras_style_errors(results):
+    errors = results["errors"]
+    assert errors["schedule"] == (
+        'Received an invalid value for "schedule", expected one of "gpipe", "1f1b", '
+        "\"pipedream\", \"layerpipe\", \"async\". Received: schedule='zb-v'")
+    assert errors["device"] == (
+        'Received an invalid value for "devices", expected existing devices (this '
+        "process has: /device:CPU:0, /device:CPU:1). Received: devices=['/cpu:0', '/cpu:7']")
+    assert errors["stages"] == (
+        'Received an invalid value for "devices", expected at most one device per '
+        "layer (the model has 1 layer). Received: devices=['/cpu:0', '/cpu:1']")
+    assert errors["microbatches"] == (
+        'Received an invalid value for "num_microbatches", expected a divisor of the '
+        "batch size (10). Received: num_microbatches=4")

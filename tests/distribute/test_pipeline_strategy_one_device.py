@@ -1,0 +1,117 @@
+"""PipelineStrategy on the default CPU device: scope, arguments, simulate."""
+
+import numpy as np
+import pytest
+
+from tfsparse import keras
+from tfsparse.distribute import PipelineStrategy
+
+X = np.random.default_rng(0).normal(size=(16, 5)).astype("float32")
+Y = np.random.default_rng(1).normal(size=(16, 2)).astype("float32")
+
+
+def chain():
+    keras.utils.set_random_seed(0)
+    return keras.Sequential([keras.Input((5,)), keras.layers.Dense(4, activation="relu"),
+                             keras.layers.Dense(2)])
+
+
+def test_scope_patches_compile_only_inside():
+    original = keras.Model.compile
+    strategy = PipelineStrategy(devices=["/cpu:0"], num_microbatches=2, schedule="1f1b")
+    with strategy.scope():
+        model = chain()
+        model.compile(keras.optimizers.SGD(0.1), "mse")
+        assert keras.Model.compile is not original
+    assert keras.Model.compile is original
+    outside = chain()
+    outside.compile("sgd", "mse")
+    assert not hasattr(outside, "pipeline")
+    history = model.fit(X, Y, batch_size=8, epochs=2, verbose=0)
+    assert len(history.history["loss"]) == 2
+    assert int(model.optimizer.iterations.numpy()) == 4
+
+
+def test_one_stage_gpipe_equals_plain_training():
+    strategy = PipelineStrategy(devices=["/cpu:0"], num_microbatches=4, schedule="gpipe")
+    with strategy.scope():
+        model = chain()
+        model.compile(keras.optimizers.SGD(0.1), "mse")
+    model.fit(X, Y, batch_size=8, epochs=2, shuffle=False, verbose=0)
+    plain = chain()
+    plain.compile(keras.optimizers.SGD(0.1), "mse")
+    plain.fit(X, Y, batch_size=8, epochs=2, shuffle=False, verbose=0)
+    # Mean of 4 micro-batch mean gradients vs one batch mean: float32 rounding.
+    for a, b in zip(model.get_weights(), plain.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_simulate_uses_the_executed_plan_and_explicit_stages():
+    strategy = PipelineStrategy(devices=["/cpu:0"], num_microbatches=2, schedule="pipedream",
+                                costs=[(1, 0, 1), (1, 1, 1)])
+    with strategy.scope():
+        model = chain()
+        model.compile("sgd", "mse")
+    result = strategy.simulate(model, batch_size=8, steps=3)
+    assert result.plan.stages == ((0, 1),)
+    assert result.cycles == 3 * 2 * 5  # one stage: every action in turn
+    with pytest.raises(ValueError, match='"num_microbatches", expected a divisor of the '
+                       r"batch size \(7\)"):
+        strategy.simulate(model, batch_size=7)
+    with pytest.raises(ValueError, match='"model", expected a model compiled inside'):
+        strategy.simulate(chain(), batch_size=8)
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(schedule="gpipe", min_update_interval=2),
+     'Received an invalid value for "min_update_interval", expected None unless '
+     'schedule="async". Received: min_update_interval=2'),
+    (dict(num_microbatches=0),
+     'Received an invalid value for "num_microbatches", expected a positive integer. '
+     "Received: num_microbatches=0"),
+    (dict(stages=[[0], [1]]),
+     'Received an invalid value for "stages", expected one list of layers per device (1). '
+     "Received: stages=[[0], [1]]"),
+    (dict(devices="/cpu:0"),
+     'Received an invalid value for "devices", expected a non-empty list of device '
+     "names. Received: devices='/cpu:0'"),
+    (dict(costs=[(1, 1)]),
+     'Received an invalid value for "costs", expected a non-empty list of (forward, '
+     "backward_input, backward_weight) tuples of non-negative numbers. "
+     "Received: costs=[(1, 1)]"),
+])
+def test_bad_constructor_arguments(kwargs, message):
+    arguments = dict(devices=["/cpu:0"])
+    arguments.update(kwargs)
+    with pytest.raises(ValueError) as error:
+        PipelineStrategy(**arguments)
+    assert str(error.value) == message
+
+
+def test_costs_for_the_wrong_number_of_layers():
+    strategy = PipelineStrategy(devices=["/cpu:0"], num_microbatches=2, costs=[(1, 1, 1)])
+    with strategy.scope():
+        model = chain()
+        model.compile("sgd", "mse")
+    with pytest.raises(ValueError, match=r'"costs", expected one triple per layer \(2\)'):
+        model.fit(X, Y, batch_size=8, verbose=0)
+
+
+def test_horovod_devices_need_hvd_init():
+    pytest.importorskip("horovod.tensorflow")
+    with pytest.raises(ValueError, match=r'"devices", expected "horovod" after hvd.init\(\)'):
+        PipelineStrategy(devices="horovod")
+
+
+def test_pipelined_model_exports_a_saved_model(tmp_path):
+    import tensorflow as tf
+
+    strategy = PipelineStrategy(devices=["/cpu:0"], num_microbatches=2, schedule="layerpipe")
+    with strategy.scope():
+        model = chain()
+        model.compile(keras.optimizers.SGD(0.1), "mse")
+    model.fit(X, Y, batch_size=8, verbose=0)
+    model.save(str(tmp_path / "saved"), save_format="tf")
+    loaded = tf.saved_model.load(str(tmp_path / "saved"))
+    np.testing.assert_allclose(loaded(X).numpy(), model.predict(X, verbose=0),
+                               rtol=1e-6, atol=1e-6)

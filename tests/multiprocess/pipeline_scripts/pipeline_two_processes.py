@@ -1,0 +1,88 @@
+"""Each Horovod process runs one pipeline stage; compared with one process.
+
+Run by tests/multiprocess/test_pipeline_two_processes.py as
+``horovodrun -np 2 -H localhost:2 --gloo python pipeline_two_processes.py OUT``.
+Every rank also trains the same model without a pipeline and with the same
+schedule on two logical CPU devices in its own process, and writes
+``OUT/rank{r}.json``.
+"""
+
+import json
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+_CPU = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(_CPU, [tf.config.LogicalDeviceConfiguration()] * 2)
+tf.config.threading.set_intra_op_parallelism_threads(1)
+
+import tfsparse  # noqa: E402  (selects tf_keras before Horovod imports Keras)
+import horovod.tensorflow as hvd  # noqa: E402
+from tfsparse import keras  # noqa: E402
+from tfsparse.distribute import PipelineStrategy  # noqa: E402
+
+RNG = np.random.default_rng(0)
+X = RNG.normal(size=(48, 12)).astype("float32")
+Y = RNG.integers(0, 3, 48)
+
+
+def mlp():
+    # The 12x40 first layer dominates: LayerPipe's stage 0 owns no layer and
+    # computes rows of layer 0, so weights are refreshed across processes.
+    keras.utils.set_random_seed(1)
+    return keras.Sequential([
+        keras.Input((12,)),
+        keras.layers.Dense(40, activation="relu"),
+        tfsparse.SparseDense(16, density=0.25, seed=3, activation="tanh"),
+        keras.layers.Dense(3),
+    ])
+
+
+def train(strategy, optimizer, window):
+    def build():
+        model = mlp()
+        model.compile(optimizer(), keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      metrics=["accuracy"], steps_per_execution=window)
+        return model
+
+    if strategy is None:
+        model = build()
+    else:
+        with strategy.scope():
+            model = build()
+    history = model.fit(X, Y, batch_size=12, epochs=2, shuffle=False, verbose=0)
+    return {
+        "weights": [w.tolist() for w in model.get_weights()],
+        "loss": history.history["loss"],
+        "evaluate": model.evaluate(X, Y, batch_size=12, verbose=0),
+        "plan": (model.pipeline.plan(3).stages if strategy is not None else None),
+    }
+
+
+def main(out):
+    hvd.init()
+    sgd = lambda: keras.optimizers.SGD(0.2)  # noqa: E731
+    adam = lambda: keras.optimizers.Adam(0.01)  # noqa: E731
+    results = {"rank": hvd.rank(), "size": hvd.size()}
+    for name, schedule, optimizer, window in (
+            ("gpipe", "gpipe", sgd, 1),
+            ("layerpipe", "layerpipe", adam, 4),
+            ("pipedream", "pipedream", sgd, 4)):
+        results[name] = {
+            "processes": train(PipelineStrategy(devices="horovod", num_microbatches=4,
+                                                schedule=schedule), optimizer, window),
+            "devices": train(PipelineStrategy(devices=["/cpu:0", "/cpu:1"], num_microbatches=4,
+                                              schedule=schedule), optimizer, window),
+            "plain": train(None, optimizer, 1),
+        }
+    with open(os.path.join(out, f"rank{hvd.rank()}.json"), "w") as handle:
+        json.dump(results, handle, default=list)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

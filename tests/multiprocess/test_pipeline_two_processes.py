@@ -1,0 +1,75 @@
+"""PipelineStrategy with one stage per process: horovodrun -np 2 --gloo."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pipeline_scripts",
+                      "pipeline_two_processes.py")
+HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+TIMEOUT_S = 400
+# Same float32 operations as one process, in a different order across the
+# collectives: a few ulps of O(1) weights after 8 updates.
+TOLERANCE = dict(rtol=1e-5, atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    if not os.path.exists(HOROVODRUN) and shutil.which("horovodrun") is None:
+        pytest.skip("horovodrun is not installed (Horovod missing)")
+    out = tmp_path_factory.mktemp("pipeline_processes")
+    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
+    command = [HOROVODRUN if os.path.exists(HOROVODRUN) else "horovodrun",
+               "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, SCRIPT, str(out)]
+    run = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=TIMEOUT_S)
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
+    results = []
+    for rank in range(2):
+        with open(out / f"rank{rank}.json") as handle:
+            results.append(json.load(handle))
+    return results
+
+
+def close(a, b):
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        np.testing.assert_allclose(np.array(x), np.array(y), **TOLERANCE)
+
+
+def test_two_processes_ran(ranks):
+    assert [(r["rank"], r["size"]) for r in ranks] == [(0, 2), (1, 2)]
+
+
+@pytest.mark.parametrize("case", ["gpipe", "layerpipe", "pipedream"])
+def test_processes_hold_the_same_model(ranks, case):
+    first, second = (r[case]["processes"] for r in ranks)
+    for a, b in zip(first["weights"], second["weights"]):
+        np.testing.assert_array_equal(np.array(a), np.array(b))
+    assert first["loss"] == second["loss"]
+
+
+@pytest.mark.parametrize("case", ["gpipe", "layerpipe", "pipedream"])
+def test_processes_equal_one_process_with_two_devices(ranks, case):
+    # The same action lists, executed over Horovod instead of between local
+    # devices (LayerPipe: stage 0 borrows rows of layer 0 from stage 1).
+    got, local = ranks[0][case]["processes"], ranks[0][case]["devices"]
+    assert got["plan"] == local["plan"]
+    close(got["weights"], local["weights"])
+    np.testing.assert_allclose(got["loss"], local["loss"], rtol=1e-5)
+    np.testing.assert_allclose(got["evaluate"], local["evaluate"], rtol=1e-5)
+
+
+def test_layerpipe_plan_splits_layer_zero_across_processes(ranks):
+    assert ranks[0]["layerpipe"]["processes"]["plan"] == [[], [0, 1, 2]]
+
+
+def test_gpipe_over_processes_equals_training_without_pipeline(ranks):
+    got, plain = ranks[0]["gpipe"]["processes"], ranks[0]["gpipe"]["plain"]
+    close(got["weights"], plain["weights"])

@@ -1,0 +1,51 @@
+"""python -m tfsparse.partition: table, chart, saved partitions, saved models."""
+
+import subprocess
+import sys
+
+from tfsparse._keras import keras
+from tfsparse.layers import SparseDense
+from tfsparse.partition import Partition
+from tfsparse.partition.__main__ import main
+
+
+def test_radixnet_comparison_table_chart_and_partitions(tmp_path, capsys):
+    chart = tmp_path / "chart.png"
+    code = main(["--neurons", "64", "--layers", "3", "-k", "2", "4",
+                 "--plot", str(chart), "--save-dir", str(tmp_path / "parts"),
+                 "--relabel", "--no-progress"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "RadiX-Net 64x3, relabelled at random: 6144 edges" in out
+    rows = [line for line in out.splitlines() if line.startswith("| ")]
+    assert len(rows) == 1 + 8  # header + 2 k x 4 methods
+    assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    saved = Partition.load(tmp_path / "parts" / "partition-hypergraph-k4.npz")
+    assert saved.k == 4 and saved.sizes == [64] * 4
+    assert f"| 4 | hypergraph | {saved.volume} |" in out
+
+
+def test_saved_model_and_errors(tmp_path, capsys):
+    model = keras.Sequential([keras.Input((12,)),
+                              SparseDense(10, density=0.4, seed=0),
+                              SparseDense(8, density=0.4, seed=1)])
+    path = tmp_path / "model.keras"
+    model.save(path)
+    code = main(["--model", str(path), "-k", "2", "--methods", "block",
+                 "random", "--plot", str(tmp_path / "m.png"), "--no-progress"])
+    out = capsys.readouterr().out
+    edges = sum(layer.nnz for layer in model.layers)
+    assert code == 0 and f"model model.keras: {edges} edges" in out
+    assert main(["--model", str(path), "-k", "9", "--plot",
+                 str(tmp_path / "x.png"), "--no-progress"]) == 2
+    assert 'invalid value for "k"' in capsys.readouterr().err
+
+
+def test_module_runs_as_a_command(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-m", "tfsparse.partition", "--neurons", "32",
+         "--layers", "2", "-k", "2", "--methods", "block", "--plot",
+         str(tmp_path / "c.png"), "--no-progress"],
+        capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "| 2 | block |" in done.stdout

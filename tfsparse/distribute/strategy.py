@@ -1,0 +1,201 @@
+"""PipelineStrategy: layer pipelining for Keras ``fit``, ``evaluate``, ``predict``.
+
+TensorFlow has no pipeline strategy, and ``tf.distribute.Strategy``'s
+contract is data-parallel (``run`` a replica function, ``reduce`` across
+replicas), which a pipeline of different stages does not fit. So, as
+Graphcore's IPU Keras did, ``PipelineStrategy`` takes over the step instead:
+models compiled inside ``strategy.scope()`` get a train function that runs
+the schedule's action lists (``tfsparse.distribute.schedule``) over their
+stages' devices, and test/predict steps that pipeline the forward pass.
+Everything else (callbacks, metrics, ``model.save``) is plain Keras.
+"""
+
+import contextlib
+import functools
+
+import tensorflow as tf
+
+from tfsparse._keras import keras
+from tfsparse.distribute._binding import Binding
+from tfsparse.distribute._validation import check_choice
+from tfsparse.distribute._validation import check_positive_int
+from tfsparse.distribute._validation import invalid
+from tfsparse.distribute.schedules import SCHEDULES
+from tfsparse.distribute.simulator import simulate as _simulate
+from tfsparse.distribute.stages import check_costs
+
+
+class PipelineStrategy:
+    """Trains a chain of Keras layers as a pipeline of stages over devices.
+
+    Stages are contiguous groups of layers, one per device, balanced by a
+    cost model (``nnz x rows`` for ``SparseDense``, multiply-adds for
+    ``Dense``) or by measured ``costs``, or given as ``stages``. Every
+    mini-batch (Keras batch) is split into ``num_microbatches`` micro-batches
+    and the schedule decides the order of forwards, backwards and updates on
+    every stage. With ``steps_per_execution=k`` in ``compile`` one graph runs
+    ``k`` mini-batches: the asynchronous schedules overlap them, and the
+    pipeline drains at the end of each such window.
+
+    The update of every stage uses the mean gradient of its micro-batches, by
+    a per-stage copy of the model's optimizer (so each stage's optimizer
+    counts its own updates); ``model.optimizer.iterations`` counts the
+    mini-batches. ``"gpipe"`` (and ``"1f1b"``) therefore equal training
+    without a pipeline with the gradient accumulated over the micro-batches.
+    Optimizers whose update mixes variables (``global_clipnorm``) see one
+    stage at a time.
+
+    Args:
+      devices: device names, one per stage (e.g. ``["/cpu:0", "/cpu:1"]``);
+        default every logical GPU, or every logical CPU when there is none.
+        ``"horovod"``: one stage per process under ``horovodrun`` (after
+        ``hvd.init()``), activations and gradients over Horovod collectives
+        (see ``tfsparse.distribute._horovod``); ``evaluate`` and ``predict``
+        then run in every process on its own copy of the synchronised
+        model.
+      num_microbatches: micro-batches per mini-batch; must divide the batch.
+      schedule: ``"gpipe"``, ``"1f1b"``, ``"pipedream"``, ``"layerpipe"`` or
+        ``"async"`` (see ``tfsparse.distribute.schedules``).
+      stages: optional explicit assignment: one list per device of layer
+        indices (of the model's chain, ``InputLayer`` excluded) or layers.
+      costs: optional per-layer ``(forward, backward_input,
+        backward_weight)`` (e.g. from ``tfsparse.distribute.profile``) to
+        balance the stages with, instead of the cost model.
+      min_update_interval, max_in_flight: for ``"async"``.
+
+    Example:
+      >>> import numpy as np
+      >>> from tfsparse._keras import keras
+      >>> strategy = PipelineStrategy(devices=["/cpu:0"], num_microbatches=2,
+      ...                             schedule="gpipe")
+      >>> with strategy.scope():
+      ...     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+      ...     model.compile("sgd", "mse")
+      >>> history = model.fit(np.ones((8, 4)), np.zeros((8, 2)), batch_size=4,
+      ...                     verbose=0)
+    """
+
+    def __init__(self, devices=None, num_microbatches=8, schedule="layerpipe",
+                 stages=None, *, costs=None, min_update_interval=None,
+                 max_in_flight=None):
+        self.num_microbatches = check_positive_int("num_microbatches", num_microbatches)
+        self.schedule = check_choice("schedule", schedule, SCHEDULES)
+        self._horovod = None
+        if isinstance(devices, str) and devices == "horovod":
+            self._horovod, devices = _horovod_devices()
+        self.devices = _check_devices(devices)
+        self.options = {}
+        for name, value in (("min_update_interval", min_update_interval),
+                            ("max_in_flight", max_in_flight)):
+            if value is not None:
+                if schedule != "async":
+                    raise invalid(name, 'None unless schedule="async"', value)
+                self.options[name] = check_positive_int(name, value)
+        if stages is not None and (not isinstance(stages, (list, tuple))
+                                   or len(stages) != len(self.devices)):
+            raise invalid("stages", f"one list of layers per device "
+                          f"({len(self.devices)})", stages)
+        self.stages = stages
+        self.costs = None if costs is None else check_costs(costs)
+        self._in_scope = False
+
+    @property
+    def num_stages(self):
+        return len(self.devices)
+
+    @contextlib.contextmanager
+    def scope(self):
+        """Models compiled inside this context are trained as a pipeline."""
+        if self._in_scope:
+            raise RuntimeError("PipelineStrategy.scope() is already active.")
+        original = keras.Model.compile
+        strategy = self
+
+        @functools.wraps(original)
+        def compile_and_attach(model, *args, **kwargs):
+            original(model, *args, **kwargs)
+            strategy._attach(model)
+
+        self._in_scope = True
+        keras.Model.compile = compile_and_attach
+        try:
+            yield self
+        finally:
+            keras.Model.compile = original
+            self._in_scope = False
+
+    def _attach(self, model):
+        binding = Binding(self, model)
+        if model.built:
+            binding.layers()  # fail early: not a chain, too many stages
+        model.make_train_function = binding.make_train_function
+        model.test_step = binding.test_step
+        model.predict_step = binding.predict_step
+        model.pipeline = binding
+
+    def simulate(self, model, batch_size, steps=1, costs=None, **kwargs):
+        """The simulator's prediction of this strategy training ``model``.
+
+        Args:
+          model: a model compiled in this strategy's scope.
+          batch_size: the mini-batch size.
+          steps: mini-batches (the graph's window, ``steps_per_execution``).
+          costs: per-layer costs for one micro-batch (default: the strategy's
+            ``costs`` or the cost model).
+          **kwargs: passed to ``tfsparse.distribute.simulate``.
+
+        Returns:
+          A ``SimulationResult`` of the exact plan the pipeline executes.
+        """
+        binding = getattr(model, "pipeline", None)
+        if not isinstance(binding, Binding):
+            raise invalid("model", "a model compiled inside strategy.scope()",
+                          getattr(model, "name", model))
+        rows = binding.microbatch_rows(batch_size)
+        plan = binding.plan(rows)
+        if costs is None:
+            costs = binding.costs(rows)
+        return _simulate(self.schedule, costs, self.num_stages, self.num_microbatches,
+                         steps, stages=plan, **self.options, **kwargs)
+
+
+def _horovod_devices():
+    """One stage per Horovod process, on its local GPU (by local rank) or CPU."""
+    try:
+        import horovod.tensorflow as hvd
+    except ImportError:
+        raise invalid("devices", '"horovod" only with Horovod installed',
+                      "horovod") from None
+    if not hvd.is_initialized():
+        raise invalid("devices", '"horovod" after hvd.init() (one stage per process)',
+                      "horovod")
+    gpus = tf.config.list_logical_devices("GPU")
+    local = gpus[hvd.local_rank() % len(gpus)].name if gpus else (
+        tf.config.list_logical_devices("CPU")[0].name)
+    return hvd, [local] * hvd.size()
+
+
+def _check_devices(devices):
+    available = tf.config.list_logical_devices()
+    if devices is None:
+        gpus = [d.name for d in available if d.device_type == "GPU"]
+        return gpus or [d.name for d in available if d.device_type == "CPU"]
+    if isinstance(devices, str) or not isinstance(devices, (list, tuple)) or not devices:
+        raise invalid("devices", "a non-empty list of device names", devices)
+    specs = [tf.DeviceSpec.from_string(d.name) for d in available]
+    for device in devices:
+        try:
+            wanted = tf.DeviceSpec.from_string(device)
+        except (TypeError, ValueError):
+            raise invalid("devices", "a list of device names", devices) from None
+        found = any(
+            spec.device_type == (wanted.device_type or "").upper()
+            and spec.device_index == (wanted.device_index or 0)
+            and all(getattr(wanted, field) in (None, getattr(spec, field))
+                    for field in ("job", "replica", "task"))
+            for spec in specs)
+        if not found:
+            names = ", ".join(d.name for d in available)
+            raise invalid("devices", f"existing devices (this process has: {names})",
+                          devices)
+    return list(devices)

@@ -1,0 +1,109 @@
+"""``python -m tfsparse.partition``: compare the partitioning methods on a network.
+
+Partitions a generated Graph Challenge network (RadiX-Net, ``--neurons``,
+``--layers``) or a saved Keras model of SparseDense layers (``--model``) into
+``k`` parts with every method, prints a Markdown table (volume in words per
+sample, ratio to random, busiest sender, load imbalance, time) and writes a
+PNG bar chart of volume and imbalance per method.
+
+Example:
+    python -m tfsparse.partition --neurons 1024 --layers 12 -k 2 4 8 16
+"""
+
+import argparse
+import os
+import pathlib
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from tfsparse.partition.compare import compare_methods  # noqa: E402
+from tfsparse.partition.compare import format_table  # noqa: E402
+from tfsparse.partition.compare import plot_comparison  # noqa: E402
+from tfsparse.partition.networks import relabel_neurons  # noqa: E402
+from tfsparse.partition.rows import METHODS  # noqa: E402
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(
+        prog="python -m tfsparse.partition",
+        description="Communication volume and load imbalance of each "
+                    "partitioning method on a sparse network.")
+    parser.add_argument("--model", type=pathlib.Path, default=None,
+                        help="saved Keras model of SparseDense layers "
+                             "(default: a generated RadiX-Net)")
+    parser.add_argument("--neurons", type=int, default=1024,
+                        help="RadiX-Net neurons per layer (default 1024)")
+    parser.add_argument("--layers", type=int, default=120,
+                        help="RadiX-Net layers (default 120)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seed of the network, relabelling and partitioners")
+    parser.add_argument("-k", type=int, nargs="+", default=[2, 4, 8, 16],
+                        help="worker counts (default 2 4 8 16)")
+    parser.add_argument("--methods", nargs="+", default=list(METHODS),
+                        choices=METHODS, help="methods to compare")
+    parser.add_argument("--epsilon", type=float, default=0.03,
+                        help="allowed load imbalance (default 0.03)")
+    parser.add_argument("--relabel", action="store_true",
+                        help="renumber the neurons at random first")
+    parser.add_argument("--refine", type=int, default=1,
+                        help="hypergraph refinement sweeps (default 1)")
+    parser.add_argument("--threads", type=int, default=2,
+                        help="Mt-KaHyPar threads (default 2)")
+    parser.add_argument("--plot", type=pathlib.Path,
+                        default=pathlib.Path("partition_comparison.png"),
+                        help="PNG bar chart to write")
+    parser.add_argument("--save-dir", type=pathlib.Path, default=None,
+                        help="also save every partition there as .npz")
+    parser.add_argument("--no-progress", action="store_true",
+                        help="hide the progress bar")
+    args = parser.parse_args(argv)
+    for name in ("neurons", "layers", "threads"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be a positive integer, "
+                         f"got {getattr(args, name)}")
+    return args
+
+
+def load_kernels(args):
+    """Returns ``(kernels, description)`` for the network the arguments name."""
+    if args.model is not None:
+        from tfsparse._keras import keras
+        import tfsparse.layers  # noqa: F401  (registers SparseDense)
+        from tfsparse.partition.rows import kernels_of
+        model = keras.models.load_model(args.model, compile=False)
+        return kernels_of(model), f"model {args.model.name}"
+    from tfsparse.graphchallenge import radixnet
+    kernels = radixnet(args.neurons, args.layers, seed=args.seed)
+    return kernels, f"RadiX-Net {args.neurons}x{args.layers}"
+
+
+def main(argv=None):
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    kernels, description = load_kernels(args)
+    if args.relabel:
+        kernels, _ = relabel_neurons(kernels, seed=args.seed)
+        description += ", relabelled at random"
+    try:
+        rows = compare_methods(kernels, args.k, args.methods, args.epsilon,
+                               args.seed, progress=not args.no_progress,
+                               refine=args.refine, threads=args.threads)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(f"{description}: {sum(k.nnz for k in kernels)} edges, "
+          f"epsilon={args.epsilon}")
+    print(format_table(rows))
+    plot_comparison(rows, args.plot, title=description, epsilon=args.epsilon)
+    print(f"chart: {args.plot}")
+    if args.save_dir is not None:
+        args.save_dir.mkdir(parents=True, exist_ok=True)
+        for row in rows:
+            row["partition"].save(
+                args.save_dir / f"partition-{row['method']}-k{row['k']}.npz")
+        print(f"partitions: {args.save_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,74 @@
+"""Contiguous and random assignments, and the choice of the input owners."""
+
+import numpy as np
+
+from tfsparse.partition.volume import needs_matrix
+
+
+def contiguous(work, k):
+    """Splits items, in order, into ``k`` ranges of about equal total work.
+
+    Item ``j`` goes to the range that holds the midpoint of its work on the
+    cumulative scale; with no work at all the ranges have equal counts.
+
+    Example:
+        >>> contiguous(np.array([1, 1, 1, 1, 4]), 2).tolist()
+        [0, 0, 0, 0, 1]
+    """
+    work = np.asarray(work, dtype=np.float64)
+    n = work.size
+    total = work.sum()
+    if total <= 0:
+        return (np.arange(n) * k // max(n, 1)).astype(np.int64)
+    midpoint = np.cumsum(work) - work / 2.0
+    return np.minimum((midpoint * k / total).astype(np.int64), k - 1)
+
+
+def random_contiguous(work, k, rng):
+    """``contiguous`` applied to a random order of the items."""
+    order = rng.permutation(np.asarray(work).size)
+    owners = np.empty(order.size, dtype=np.int64)
+    owners[order] = contiguous(np.asarray(work)[order], k)
+    return owners
+
+
+def place_unowned(owners, k):
+    """Gives each ``-1`` entry to the worker owning the fewest entries so far."""
+    owners = np.array(owners, dtype=np.int64)
+    counts = np.bincount(owners[owners >= 0], minlength=k)
+    for j in np.flatnonzero(owners < 0):
+        p = int(np.argmin(counts))
+        owners[j] = p
+        counts[p] += 1
+    return owners
+
+
+def choose_input_owners(pattern, output_owners, k):
+    """Owners for the inputs of the first layer, given its output owners.
+
+    Each input goes to one of the workers that need it, so it costs exactly
+    ``(workers that need it) - 1`` words, the least any owner allows. Among
+    those workers it goes to the one with the least traffic (sent plus
+    received words) so far, inputs needed by the most workers first; inputs
+    nobody needs go to the worker owning the fewest inputs.
+
+    Args:
+        pattern: CSR pattern ``(inputs, outputs)`` of the first layer.
+        output_owners: int array ``(outputs,)``.
+        k: number of workers.
+
+    Returns:
+        int64 array ``(inputs,)``.
+    """
+    need = needs_matrix(pattern, output_owners, k)
+    spread = need.sum(axis=1)
+    traffic = need.sum(axis=0).astype(np.int64)  # as if every input came in
+    owners = np.full(need.shape[0], -1, dtype=np.int64)
+    for i in np.argsort(-spread, kind="stable"):
+        if spread[i] == 0:
+            break
+        candidates = np.flatnonzero(need[i])
+        p = int(candidates[np.argmin(traffic[candidates])])
+        owners[i] = p
+        traffic[p] += spread[i] - 2  # now sends spread-1, no longer receives
+    return place_unowned(owners, k)
