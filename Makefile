@@ -28,6 +28,7 @@ demo: setup
 	$(PY) -m tfsparse.graphchallenge --neurons 1024 --layers 120 --repeats 1
 	$(PY) examples/fssl_mnist.py
 	$(VENV)/bin/horovodrun -np 2 -H localhost:2 --gloo $(PY) examples/horovod_sidco_mnist.py --epochs 5
+	$(PY) examples/pipeline_mnist.py --epochs 3
 
 # The README's figures (long: about half an hour on 2 cores).
 bench: setup
@@ -40,6 +41,8 @@ bench: setup
 	$(PY) benchmarks/compression_speed.py
 	$(PY) benchmarks/compression_quality.py
 	$(PY) benchmarks/compression_convergence.py
+	$(PY) benchmarks/pipeline_layerpipe_claim.py
+	$(PY) benchmarks/pipeline_throughput.py
 
 clean:
 	rm -f $(KERNEL)
