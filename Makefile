@@ -29,6 +29,7 @@ demo: setup
 	$(PY) examples/fssl_mnist.py
 	$(VENV)/bin/horovodrun -np 2 -H localhost:2 --gloo $(PY) examples/horovod_sidco_mnist.py --epochs 5
 	$(PY) examples/pipeline_mnist.py --epochs 3
+	$(VENV)/bin/horovodrun -np 2 -H localhost:2 --gloo $(PY) examples/partitioned_training.py
 
 # The README's figures (long: about half an hour on 2 cores).
 bench: setup
@@ -42,6 +43,8 @@ bench: setup
 	$(PY) benchmarks/compression_quality.py
 	$(PY) benchmarks/compression_convergence.py
 	$(PY) benchmarks/pipeline_layerpipe_claim.py
+	$(PY) benchmarks/partition_volume.py
+	$(PY) benchmarks/partition_inference.py
 	$(PY) benchmarks/pipeline_throughput.py
 
 clean:

@@ -75,11 +75,11 @@ def sparse_matmul(x, values, pattern, use_kernel=None):
     return y
 
 
-def _segment_pointer(segment_ids, segments):
-    counts = tf.math.bincount(
-        segment_ids, minlength=segments, maxlength=segments, dtype=tf.int64
+def _segment_pointer(sorted_ids, segments):
+    """``ptr`` with ``sorted_ids[ptr[j]:ptr[j+1]] == j``: one op, cheap to trace."""
+    return tf.searchsorted(
+        sorted_ids, tf.range(segments + 1, dtype=sorted_ids.dtype), out_type=tf.int64
     )
-    return tf.concat([tf.zeros([1], tf.int64), tf.cumsum(counts)], axis=0)
 
 
 # Both products compute x @ K for a kernel K with nonzeros ``values`` at
