@@ -1,36 +1,22 @@
 """Two real Horovod ranks (horovodrun -np 2 --gloo) training with compressed gradients."""
 
-import json
 import os
-import shutil
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from horovod_launcher import run_ranks
+
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "horovod_compression.py")
-HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
 TIMEOUT_S = 240
 
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
-    if not os.path.exists(HOROVODRUN) and shutil.which("horovodrun") is None:
-        pytest.skip("horovodrun is not installed (Horovod missing)")
     out = tmp_path_factory.mktemp("horovod_compression")
-    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
-    command = [HOROVODRUN if os.path.exists(HOROVODRUN) else "horovodrun",
-               "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, SCRIPT, str(out)]
-    run = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
-    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
-    results = []
-    for rank in range(2):
-        with open(out / f"rank{rank}.json") as handle:
-            result = json.load(handle)
+    results = run_ranks(SCRIPT, out, size=2, timeout=TIMEOUT_S)
+    for rank, result in enumerate(results):
         result["weights"] = dict(np.load(out / f"rank{rank}.npz"))
-        results.append(result)
     return results
 
 

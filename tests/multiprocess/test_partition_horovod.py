@@ -1,17 +1,13 @@
 """Partitioned training under real horovodrun (-np 2 and -np 4, gloo)."""
 
-import json
 import os
-import shutil
-import subprocess
-import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from horovod_launcher import run_ranks
+
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                       "partition_scripts", "partitioned_training.py")
-HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
 TIMEOUT_S = 400
 RUNS = {  # name: (ranks, method, exchange the network's inputs too)
     "np2-hypergraph": (2, "hypergraph", False),
@@ -21,23 +17,10 @@ RUNS = {  # name: (ranks, method, exchange the network's inputs too)
 
 @pytest.fixture(scope="module", params=sorted(RUNS))
 def run(request, tmp_path_factory):
-    if not os.path.exists(HOROVODRUN) and shutil.which("horovodrun") is None:
-        pytest.skip("horovodrun is not installed (Horovod missing)")
     size, method, exchange_inputs = RUNS[request.param]
     out = tmp_path_factory.mktemp(request.param)
-    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2",
-               CUDA_VISIBLE_DEVICES="")
-    command = [HOROVODRUN if os.path.exists(HOROVODRUN) else "horovodrun",
-               "-np", str(size), "-H", f"localhost:{size}", "--gloo",
-               sys.executable, SCRIPT, str(out), method,
-               "1" if exchange_inputs else "0"]
-    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=TIMEOUT_S)
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
-    results = []
-    for rank in range(size):
-        with open(out / f"rank{rank}.json") as handle:
-            results.append(json.load(handle))
+    results = run_ranks(SCRIPT, out, size=size, timeout=TIMEOUT_S,
+                        args=(method, "1" if exchange_inputs else "0"))
     return size, results
 
 

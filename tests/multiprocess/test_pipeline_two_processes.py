@@ -1,18 +1,14 @@
 """PipelineStrategy with one stage per process: horovodrun -np 2 --gloo."""
 
-import json
 import os
-import shutil
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from horovod_launcher import run_ranks
+
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pipeline_scripts",
                       "pipeline_two_processes.py")
-HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
 TIMEOUT_S = 400
 # Same float32 operations as one process, in a different order across the
 # collectives: a few ulps of O(1) weights after 8 updates.
@@ -21,20 +17,8 @@ TOLERANCE = dict(rtol=1e-5, atol=1e-5)
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
-    if not os.path.exists(HOROVODRUN) and shutil.which("horovodrun") is None:
-        pytest.skip("horovodrun is not installed (Horovod missing)")
     out = tmp_path_factory.mktemp("pipeline_processes")
-    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
-    command = [HOROVODRUN if os.path.exists(HOROVODRUN) else "horovodrun",
-               "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, SCRIPT, str(out)]
-    run = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True,
-                         timeout=TIMEOUT_S)
-    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
-    results = []
-    for rank in range(2):
-        with open(out / f"rank{rank}.json") as handle:
-            results.append(json.load(handle))
-    return results
+    return run_ranks(SCRIPT, out, size=2, timeout=TIMEOUT_S)
 
 
 def close(a, b):
