@@ -31,7 +31,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--density", type=float, default=0.1)
-    parser.add_argument("--save", default="partitioned_mlp.keras")
+    parser.add_argument("--save", default="out/partitioned_training/partitioned_mlp.keras")
     args = parser.parse_args(argv)
 
     hvd.init()
@@ -68,6 +68,7 @@ def main(argv=None):
     _, accuracy = model.evaluate(x_test, y_test, verbose=0)
     if hvd.rank() == 0:
         print(f"test accuracy of the collected model: {accuracy:.3f}")
+        os.makedirs(os.path.dirname(args.save) or ".", exist_ok=True)
         model.save(args.save)
         print(f"saved {args.save}")
     return 0
