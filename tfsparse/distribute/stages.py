@@ -187,18 +187,13 @@ def _split_partition(work, num_stages, splittable):
     ``T`` exactly, and ``_greedy_fractions`` turns the partition found for
     the smallest feasible ``T`` into fractions.
     """
-    low, high = sum(work) / num_stages, sum(work)
     partition = _min_max_partition(work, num_stages)
-    high = max(sum(work[i] for i in group) for group in partition)
-    for _ in range(_BISECTION_STEPS):
-        if high - low <= 1e-12 * max(high, 1.0):
-            break
-        target = (low + high) / 2
-        found = _feasible_partition(work, num_stages, splittable, target)
-        if found is None:
-            low = target
-        else:
-            high, partition = target, found
+    high, found = _bisect_smallest_target(
+        sum(work) / num_stages,
+        max(sum(work[i] for i in group) for group in partition),
+        lambda target: _feasible_partition(work, num_stages, splittable, target),
+    )
+    partition = partition if found is None else found
     return partition, _greedy_fractions(partition, work, splittable, high)
 
 
@@ -277,16 +272,29 @@ def _greedy_fractions(partition, work, splittable, target):
 
 def _borrowing(partition, work, splittable):
     """Fractions for a fixed partition, minimising the busiest stage."""
-    low = sum(work) / len(partition)
     high = max(sum(work[i] for i in group) for group in partition)
-    best = _greedy_fractions(partition, work, splittable, high)
+    _, found = _bisect_smallest_target(
+        sum(work) / len(partition),
+        high,
+        lambda target: _greedy_fractions(partition, work, splittable, target),
+    )
+    return _greedy_fractions(partition, work, splittable, high) if found is None else found
+
+
+def _bisect_smallest_target(low, high, solve):
+    """Bisects for the smallest target in (low, high] that ``solve`` accepts.
+
+    ``solve(target)`` returns a solution or None. Returns the smallest accepted
+    target found (``high`` if none below it was) and its solution (None then).
+    """
+    best = None
     for _ in range(_BISECTION_STEPS):
         if high - low <= 1e-12 * max(high, 1.0):
             break
         target = (low + high) / 2
-        found = _greedy_fractions(partition, work, splittable, target)
+        found = solve(target)
         if found is None:
             low = target
         else:
             high, best = target, found
-    return best
+    return high, best
