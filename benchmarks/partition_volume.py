@@ -6,10 +6,14 @@ For k = 2, 4, 8, 16 workers, partitions with "hypergraph" (Mt-KaHyPar),
 - RadiX-Net 1024 x ``--layers-1024`` and 4096 x ``--layers-4096`` (the Graph
   Challenge generator of ``tfsparse.graphchallenge``), as generated and with
   every neuron renumbered at random;
-- a pruned MNIST MLP: 784-256-256-256-10 trained on the shipped MNIST sample,
-  each kernel pruned to ``--mlp-density`` by magnitude, fine-tuned as
-  SparseDense layers; its three hidden kernels are partitioned (the 10-unit
-  classifier cannot be split over 16 workers);
+- pruned MNIST MLPs: 784-256-256-256-10 trained on the shipped MNIST sample,
+  every kernel pruned to each density of ``--mlp-densities`` by magnitude,
+  with each method of ``--mlp-pruning``: "oneshot" (dense training, one
+  pruning step, sparse fine-tuning as SparseDense layers) and "gmp" (gradual
+  magnitude pruning during training with tfmot's ``PolynomialDecay``
+  schedule, then ``strip_pruning`` and ``tfsparse.sparsify``); their three
+  hidden kernels are partitioned (the 10-unit classifier cannot be split
+  over 16 workers), and the test accuracy is in the network's name;
 - banded networks (neuron j reads the inputs within ``--band`` of j), as
   generated and renumbered at random.
 
@@ -53,7 +57,10 @@ def parse_args(argv):
     parser.add_argument("--band-layers", type=int, default=16)
     parser.add_argument("--band", type=int, default=16,
                         help="band half-width: 2 * band + 1 inputs per neuron")
-    parser.add_argument("--mlp-density", type=float, default=0.1)
+    parser.add_argument("--mlp-densities", type=float, nargs="+",
+                        default=[0.1, 0.05, 0.02, 0.01])
+    parser.add_argument("--mlp-pruning", nargs="+", default=["oneshot", "gmp"],
+                        choices=["oneshot", "gmp"])
     parser.add_argument("--epsilon", type=float, default=0.03)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--only", nargs="*", default=None,
@@ -108,20 +115,70 @@ def pruned_mnist_mlp(density, seed):
     return [layer.to_scipy() for layer in sparse.layers[:3]], accuracy
 
 
+def gmp_mnist_mlp(density, seed):
+    """Prunes an MLP gradually while training it, the tfmot way.
+
+    2 dense epochs, then tfmot's ``PolynomialDecay`` from sparsity 0 to
+    ``1 - density`` over 8 epochs (masks updated 4 times per epoch), then 4
+    epochs at that sparsity; ``strip_pruning`` and ``tfsparse.sparsify``.
+
+    Returns:
+        ``(hidden_kernels, test_accuracy)`` as ``pruned_mnist_mlp``.
+    """
+    import tensorflow as tf
+    import tensorflow_model_optimization as tfmot
+    from tfsparse._keras import keras
+    from tfsparse.data import load_mnist_sample
+    from tfsparse.layers import sparsify
+
+    tf.random.set_seed(seed)
+    (x_train, y_train), (x_test, y_test) = load_mnist_sample(seed=seed)
+    x_train = x_train.reshape(-1, 784).astype("float32") / 255.0
+    x_test = x_test.reshape(-1, 784).astype("float32") / 255.0
+    model = keras.Sequential(
+        [keras.Input((784,))]
+        + [keras.layers.Dense(w, activation="relu") for w in (256, 256, 256)]
+        + [keras.layers.Dense(10)])
+    steps = int(np.ceil(len(x_train) / 64))
+    schedule = tfmot.sparsity.keras.PolynomialDecay(
+        initial_sparsity=0.0, final_sparsity=1.0 - density,
+        begin_step=2 * steps, end_step=10 * steps, frequency=steps // 4)
+    pruned = tfmot.sparsity.keras.prune_low_magnitude(
+        model, pruning_schedule=schedule)
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    pruned.compile("adam", loss, metrics=["accuracy"])
+    pruned.fit(x_train, y_train, epochs=14, batch_size=64, verbose=0,
+               callbacks=[tfmot.sparsity.keras.UpdatePruningStep()])
+    sparse = sparsify(tfmot.sparsity.keras.strip_pruning(pruned))
+    sparse.compile("adam", loss, metrics=["accuracy"])
+    accuracy = sparse.evaluate(x_test, y_test, verbose=0)[1]
+    return [layer.to_scipy() for layer in sparse.layers[:3]], accuracy
+
+
 def networks(args):
-    """Yields ``(name, has_locality, kernels)``."""
+    """Yields ``(name, has_locality, kernels)`` of the networks ``--only`` keeps."""
     from tfsparse.graphchallenge import radixnet
+
+    def wanted(name):
+        return not args.only or any(word in name for word in args.only)
 
     for neurons, layers in ((1024, args.layers_1024), (4096, args.layers_4096)):
         kernels = radixnet(neurons, layers, seed=args.seed)
         yield f"RadiX-Net {neurons}x{layers}", False, kernels
         yield (f"RadiX-Net {neurons}x{layers} relabelled", False,
                relabel_neurons(kernels, seed=args.seed + 1)[0])
-    kernels, accuracy = pruned_mnist_mlp(args.mlp_density, args.seed)
-    name = (f"pruned MNIST MLP 784-256-256-256 density {args.mlp_density} "
-            f"(test accuracy {accuracy:.3f})")
-    yield name, True, kernels
-    yield name + " relabelled", True, relabel_neurons(kernels, args.seed + 1)[0]
+    for pruning in args.mlp_pruning:
+        for density in args.mlp_densities:
+            name = (f"pruned MNIST MLP 784-256-256-256 {pruning} density "
+                    f"{density}")
+            if not wanted(name):
+                continue
+            train = gmp_mnist_mlp if pruning == "gmp" else pruned_mnist_mlp
+            kernels, accuracy = train(density, args.seed)
+            name += f" (test accuracy {accuracy:.3f})"
+            yield name, True, kernels
+            yield (name + " relabelled", True,
+                   relabel_neurons(kernels, args.seed + 1)[0])
     band = banded_network(args.band_neurons, args.band_layers, args.band,
                           seed=args.seed)
     name = (f"banded {args.band_neurons}x{args.band_layers} "

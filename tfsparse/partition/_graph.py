@@ -26,9 +26,11 @@ from tfsparse.partition.volume import needs_matrix
 
 
 def _one_hot(labels, k):
+    """Rows of ones at ``labels``; a label ``-1`` (free input) gives a zero row."""
     labels = np.asarray(labels)
+    rows = np.flatnonzero(labels >= 0)
     return scipy.sparse.csr_matrix(
-        (np.ones(labels.size, dtype=np.int64), (np.arange(labels.size), labels)),
+        (np.ones(rows.size, dtype=np.int64), (rows, labels[rows])),
         shape=(labels.size, k))
 
 
@@ -59,7 +61,9 @@ def partition_layer(pattern, input_owners, k, epsilon, seed):
 
     Args:
         pattern: CSR pattern ``(inputs, outputs)`` of ones.
-        input_owners: int array ``(inputs,)`` or None (first layer).
+        input_owners: int array ``(inputs,)`` or None (first layer); ``-1``
+            marks a free input (placed later by the caller), which joins
+            no anchor.
         k: number of workers (>= 2).
         epsilon: allowed load imbalance (METIS ``ufactor = 1000 * epsilon``).
         seed: METIS seed.

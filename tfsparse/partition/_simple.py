@@ -60,13 +60,52 @@ def choose_input_owners(pattern, output_owners, k):
     Returns:
         int64 array ``(inputs,)``.
     """
+    free = np.full(pattern.shape[0], -1, dtype=np.int64)
+    return place_at_needers(pattern, free, output_owners, k)
+
+
+def place_at_needers(pattern, input_owners, output_owners, k):
+    """Fills the ``-1`` entries of ``input_owners`` with workers that need them.
+
+    Each free input goes to one of the workers owning an output that reads
+    it, so it costs exactly ``(workers that need it) - 1`` words in this
+    layer, the least any owner allows: among them the one with the least
+    traffic (sent plus received words, counting free inputs as received)
+    so far, inputs needed by the most workers first. Free inputs nobody
+    needs go to the worker owning the fewest inputs. Entries ``>= 0`` are
+    kept.
+
+    Args:
+        pattern: CSR pattern ``(inputs, outputs)``.
+        input_owners: int array ``(inputs,)``, ``-1`` where free.
+        output_owners: int array ``(outputs,)`` of workers in ``[0, k)``.
+        k: number of workers.
+
+    Returns:
+        int64 array ``(inputs,)``.
+
+    Example:
+        >>> import scipy.sparse
+        >>> pattern = scipy.sparse.csr_matrix(np.array([[1, 0], [0, 1]]))
+        >>> place_at_needers(pattern, [-1, 0], [1, 1], 2).tolist()
+        [1, 0]
+    """
+    owners = np.array(input_owners, dtype=np.int64)
     need = needs_matrix(pattern, output_owners, k)
+    free = owners < 0
+    fixed = np.flatnonzero(~free)
+    traffic = need[free].sum(axis=0).astype(np.int64)  # as if all came in
+    remote = need[fixed].copy()
+    remote[np.arange(fixed.size), owners[fixed]] = False
+    traffic += remote.sum(axis=0)
+    traffic += np.bincount(owners[fixed], weights=remote.sum(axis=1),
+                           minlength=k).astype(np.int64)
     spread = need.sum(axis=1)
-    traffic = need.sum(axis=0).astype(np.int64)  # as if every input came in
-    owners = np.full(need.shape[0], -1, dtype=np.int64)
     for i in np.argsort(-spread, kind="stable"):
         if spread[i] == 0:
             break
+        if not free[i]:
+            continue
         candidates = np.flatnonzero(need[i])
         p = int(candidates[np.argmin(traffic[candidates])])
         owners[i] = p

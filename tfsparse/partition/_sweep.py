@@ -3,20 +3,74 @@
 import numpy as np
 from tqdm.auto import tqdm
 
+from tfsparse.partition._simple import place_at_needers
 from tfsparse.partition._simple import place_unowned
 from tfsparse.partition.volume import needs_matrix
 
 
+def _constants(pattern):
+    """Outputs of a layer with an empty fan-in: constants, no work, no reads."""
+    return np.asarray(pattern.sum(axis=0)).ravel() == 0
+
+
+def _filled(owners):
+    """Owners with ``-1`` (constants, whose columns are empty) set to 0.
+
+    Only for ``needs_matrix``: an output with an empty fan-in adds no pins
+    whatever its owner, so the placeholder changes nothing.
+    """
+    return np.maximum(owners, 0)
+
+
+def place_constants(patterns, owners, k):
+    """Moves each constant neuron to a worker that reads it in the next layer.
+
+    A neuron with an empty fan-in (all its weights pruned) computes a
+    constant: it reads nothing and does no work, so its owner changes only
+    the next layer's volume, where the words it costs are fewest, exactly
+    ``(workers that read it) - 1``, on one of its readers. Levels ``1 ..
+    L - 1``; a constant already on a reader, or read by nobody, keeps its
+    owner. Never increases the volume and leaves the load unchanged.
+
+    Args:
+        patterns: CSR patterns of the ``L`` layers.
+        owners: owners of levels ``0..L``, all set.
+        k: number of workers.
+
+    Returns:
+        The same list, updated.
+    """
+    for level in range(1, len(patterns)):
+        constant = _constants(patterns[level - 1])
+        if not constant.any():
+            continue
+        need = needs_matrix(patterns[level], owners[level + 1], k)
+        current = owners[level]
+        misplaced = constant & need.any(axis=1) & ~need[
+            np.arange(current.size), current]
+        if misplaced.any():
+            trial = np.where(misplaced, -1, current)
+            owners[level] = place_at_needers(patterns[level], trial,
+                                             owners[level + 1], k)
+    return owners
+
+
 def forward_sweep(patterns, k, partition_layer, progress=False):
     """Partitions layer 1, 2, ... in turn, each with its input owners fixed.
+
+    Constant neurons (an empty fan-in) are left free while the next layer
+    is partitioned (``input_owners`` holds ``-1`` for them) and then go to
+    one of the workers that read them (``place_at_needers``); those of the
+    last level are placed by count.
 
     Args:
         patterns: CSR patterns of the ``L`` layers.
         k: number of workers.
         partition_layer: ``f(pattern, input_owners, layer, next_pattern)``
             returning output owners (-1 for outputs to place by count);
-            ``input_owners`` is None for the first layer and
-            ``next_pattern`` None for the last.
+            ``input_owners`` is None for the first layer, and has ``-1``
+            for free inputs (constants) after it; ``next_pattern`` is None
+            for the last layer.
         progress: show a progress bar.
 
     Returns:
@@ -27,9 +81,12 @@ def forward_sweep(patterns, k, partition_layer, progress=False):
                       disable=not progress, leave=False):
         next_pattern = (patterns[layer + 1] if layer + 1 < len(patterns)
                         else None)
-        owners[layer + 1] = place_unowned(
-            partition_layer(patterns[layer], owners[layer], layer,
-                            next_pattern), k)
+        owners[layer + 1] = partition_layer(patterns[layer], owners[layer],
+                                            layer, next_pattern)
+        if layer > 0:
+            owners[layer] = place_at_needers(patterns[layer], owners[layer],
+                                             _filled(owners[layer + 1]), k)
+    owners[-1] = place_unowned(owners[-1], k)
     return owners
 
 
@@ -77,7 +134,9 @@ def refine(patterns, owners, k, partition_level, passes, progress=False):
         candidate = partition_level(patterns[level - 1],
                                     owners[level - 1] if level > 1 else None,
                                     level - 1, next_needs=next_needs)
-        candidate = np.where(candidate < 0, owners[level], candidate)
+        # Constants (-1) go to a worker reading them in the next layer.
+        candidate = place_at_needers(patterns[level], candidate,
+                                     owners[level + 1], k)
         trial = owners[:level] + [candidate] + owners[level + 1:]
         if level_cost(patterns, trial, level, k) < level_cost(
                 patterns, owners, level, k):

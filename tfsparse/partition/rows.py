@@ -15,6 +15,12 @@ owner of output ``j`` of layer ``l`` owns input ``j`` of layer ``l + 1``:
   layer wins (a RadiX-Net layer made of disconnected blocks can put them on
   workers in many ways at zero cost, and only the next layer tells which).
 
+A neuron whose fan-in was pruned away entirely computes a constant: it does
+no work and reads nothing, so its owner only decides the next layer's
+volume. It is left free while the next layer is partitioned (its net has no
+anchor, like a first-layer input) and then goes to one of the workers that
+read it, where it costs the fewest words. Pruned networks have many.
+
 Every layer is balanced on its own (each layer is a synchronisation step).
 What is exact: each layer's volume given the layers before it; the
 look-ahead term is a lower bound of the next layer's volume (hence its low
@@ -34,6 +40,7 @@ from tfsparse.partition._simple import choose_input_owners
 from tfsparse.partition._simple import contiguous
 from tfsparse.partition._simple import random_contiguous
 from tfsparse.partition._sweep import forward_sweep
+from tfsparse.partition._sweep import place_constants
 from tfsparse.partition._sweep import refine as refine_sweep
 from tfsparse.partition.partition import Partition
 from tfsparse.partition.volume import pattern_matrix
@@ -218,6 +225,7 @@ def partition_rows(weights, k, method="hypergraph", epsilon=0.03, seed=0, *,
         owners = forward_sweep(patterns, k, partition_level, progress)
         owners = refine_sweep(patterns, owners, k, partition_level, refine,
                               progress)
+        owners = place_constants(patterns, owners, k)
         owners[0] = choose_input_owners(patterns[0], owners[1], k)
     else:
         owners = forward_sweep(
