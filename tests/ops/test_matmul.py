@@ -72,12 +72,21 @@ def test_forward_and_gradients_match_masked_dense_reference(
 
 
 @pytest.mark.parametrize("use_kernel", PATHS)
-def test_float32_matches_float64_reference_within_rounding(use_kernel):
-    matrix = _kernel((256, 128), 0.1, seed=4)
+@pytest.mark.parametrize(
+    "batch,input_dim,units",
+    [
+        (32, 256, 128),  # whole 16-row panels and 16-column tiles
+        (37, 45, 29),  # a partial panel, inputs and columns past the last 16
+        (5, 40, 20),  # fewer rows than one 16-row panel (the portable loop)
+        (16, 16, 16),
+    ],
+)
+def test_float32_matches_float64_reference_within_rounding(use_kernel, batch, input_dim, units):
+    matrix = _kernel((input_dim, units), 0.1, seed=4)
     pattern, values = SparsityPattern.from_scipy(matrix)
     rng = np.random.default_rng(5)
-    x = rng.standard_normal((32, 256))
-    dy = rng.standard_normal((32, 128))
+    x = rng.standard_normal((batch, input_dim))
+    dy = rng.standard_normal((batch, units))
     y, dx, dvalues = _gradients(
         x.astype(np.float32), values.astype(np.float32), pattern,
         dy.astype(np.float32), use_function=True, use_kernel=use_kernel,
@@ -87,13 +96,13 @@ def test_float32_matches_float64_reference_within_rounding(use_kernel):
     # n * eps * sum|a_i b_i|, checked entry by entry.
     eps = np.finfo(np.float32).eps
     for got, a, b, n in [
-        (y, x, kernel, 256),
-        (dx, dy, kernel.T, 128),
+        (y, x, kernel, input_dim),
+        (dx, dy, kernel.T, units),
     ]:
         bound = (n + 2) * eps * (np.abs(a) @ np.abs(b))
         assert np.all(np.abs(got - a @ b) <= bound + 1e-30)
     full = x.T @ dy
-    bound = 34 * eps * (np.abs(x.T) @ np.abs(dy))[pattern.rows, pattern.cols]
+    bound = (batch + 2) * eps * (np.abs(x.T) @ np.abs(dy))[pattern.rows, pattern.cols]
     assert np.all(np.abs(dvalues - full[pattern.rows, pattern.cols]) <= bound)
 
 
@@ -113,9 +122,45 @@ def test_any_batch_size_through_one_traced_function(use_kernel, batch):
 
 @pytest.mark.skipif(not kernels.available(), reason="compiled kernels not built")
 def test_compiled_kernel_rejects_a_malformed_pattern():
+    x, values = np.ones((2, 3), np.float32), np.ones(2, np.float32)
     with pytest.raises(tf.errors.InvalidArgumentError, match="outside"):
+        kernels.spmm(x, values, np.array([0, 3], np.int32), np.array([0, 1], np.int32), 2)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="sorted and in"):
+        kernels.spmm(x, values, np.array([0, 1], np.int32), np.array([1, 0], np.int32), 2)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="sorted and in"):
+        kernels.spmm(x, values, np.array([0, 1], np.int32), np.array([0, 2], np.int32), 2)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="differ in length"):
+        kernels.spmm(x, values, np.array([0, 1], np.int32), np.array([0], np.int32), 2)
+
+
+@pytest.mark.parametrize("use_kernel", PATHS)
+@pytest.mark.parametrize("batch", [5, 37])  # below and above one 16-row panel
+def test_bias_is_added_and_gets_the_summed_output_gradient(use_kernel, batch):
+    matrix = _kernel((45, 29), 0.2, seed=8, empty_col=3)
+    pattern, values = SparsityPattern.from_scipy(matrix)
+    rng = np.random.default_rng(9)
+    x, dy, bias = rng.standard_normal((batch, 45)), rng.standard_normal((batch, 29)), rng.standard_normal(29)
+
+    @tf.function
+    def run(x, values, bias):
+        with tf.GradientTape() as tape:
+            tape.watch([x, values, bias])
+            y = sparse_matmul(x, values, pattern, use_kernel=use_kernel, bias=bias)
+            loss = tf.reduce_sum(y * dy)
+        return (y,) + tuple(tape.gradient(loss, [x, values, bias]))
+
+    y, dx, dvalues, dbias = [t.numpy() for t in run(tf.constant(x), tf.constant(values), tf.constant(bias))]
+    kernel = matrix.toarray()
+    # float64: sums of at most 45 terms of size O(10), rounding below 1e-12.
+    np.testing.assert_allclose(y, x @ kernel + bias, atol=1e-12)
+    np.testing.assert_allclose(dx, dy @ kernel.T, atol=1e-12)
+    np.testing.assert_allclose(dvalues, (x.T @ dy)[pattern.rows, pattern.cols], atol=1e-12)
+    np.testing.assert_allclose(dbias, dy.sum(axis=0), atol=1e-12)
+
+
+@pytest.mark.skipif(not kernels.available(), reason="compiled kernels not built")
+def test_compiled_kernel_rejects_a_bias_of_the_wrong_length():
+    with pytest.raises(tf.errors.InvalidArgumentError, match="bias must be empty or of length 2"):
         kernels.spmm(np.ones((2, 3), np.float32), np.ones(2, np.float32),
-                     np.array([0, 3], np.int32), np.array([0, 1, 2], np.int64))
-    with pytest.raises(tf.errors.InvalidArgumentError, match="from 0 to nnz"):
-        kernels.spmm(np.ones((2, 3), np.float32), np.ones(2, np.float32),
-                     np.array([0, 1], np.int32), np.array([0, 1, 1], np.int64))
+                     np.array([0, 1], np.int32), np.array([0, 1], np.int32), 2,
+                     bias=np.ones(3, np.float32))

@@ -3,7 +3,8 @@
 ``values, indices = compressor.compress(flat)`` keeps some elements of a 1-D
 float tensor (int32 positions); ``compressor.decompress(values, indices, size)``
 rebuilds the dense tensor. The SIDCo threshold estimators are plain functions
-in `tfsparse.compression.thresholds`.
+in `tfsparse.compression.thresholds`; `sidco_select` is SIDCo's hot path
+(a fused compiled op on CPU, pure TensorFlow elsewhere).
 """
 
 from tfsparse.compression import thresholds
@@ -13,6 +14,7 @@ from tfsparse.compression.error_feedback import ErrorFeedback
 from tfsparse.compression.no_compression import NoCompression
 from tfsparse.compression.random_k import RandomK
 from tfsparse.compression.sidco import SIDCo
+from tfsparse.compression.sidco_select import sidco_select
 from tfsparse.compression.topk import TopK
 
 __all__ = [
@@ -23,5 +25,6 @@ __all__ = [
     "RandomK",
     "SIDCo",
     "TopK",
+    "sidco_select",
     "thresholds",
 ]

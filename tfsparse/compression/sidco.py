@@ -5,8 +5,7 @@ import tensorflow as tf
 from tfsparse.compression import _validation
 from tfsparse.compression import thresholds
 from tfsparse.compression.base import Compressor
-from tfsparse.compression.base import select_above
-from tfsparse.compression.base import selection_block
+from tfsparse.compression.sidco_select import sidco_select
 
 QUALITY_BAND = (0.8, 1.2)
 MEMORY_WINDOWS = 10
@@ -77,6 +76,8 @@ class SIDCo(Compressor):
     count is adjusted every ``adapt_every`` calls from the mean achieved/target
     ratio (see `next_stage_count`). The state (stage count, call window)
     lives in variables, so it works inside `tf.function` and is checkpointed.
+    Estimation and selection run in `sidco_select`: one fused compiled op on
+    CPU when tfsparse's kernels are built, pure TensorFlow elsewhere.
 
     Args:
         ratio: target fraction of elements sent, in (0, 1].
@@ -154,17 +155,13 @@ class SIDCo(Compressor):
         return self._distribution
 
     def _compress(self, flat):
-        magnitudes = tf.abs(flat)
-        threshold = thresholds.multistage_threshold(
-            magnitudes, self.ratio, self._stages, self._distribution, self._first_ratio,
+        values, indices, _ = sidco_select(
+            flat, self.ratio, self._stages, self._distribution, self._first_ratio,
             exclude_zeros=self._exclude_zeros,
-        )
-        indices = select_above(
-            magnitudes, tf.cast(threshold, magnitudes.dtype), selection_block(self.ratio)
         )
         if self._adaptive and self._max_stages > 1 and self.ratio < self._first_ratio:
             self._observe(tf.size(indices), self.target_count(tf.size(flat)))
-        return tf.gather(flat, indices), indices
+        return values, indices
 
     def _observe(self, achieved, target):
         valid = achieved > 0

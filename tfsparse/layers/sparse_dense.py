@@ -251,9 +251,10 @@ class SparseDense(keras.layers.Layer, prunable_layer.PrunableLayer):
             )
         if inputs.dtype != self.compute_dtype:
             inputs = tf.cast(inputs, self.compute_dtype)
-        outputs = sparse_matmul(inputs, self.values, self.pattern_tensors())
-        if self.use_bias:
-            outputs = tf.nn.bias_add(outputs, self.bias)
+        outputs = sparse_matmul(
+            inputs, self.values, self.pattern_tensors(),
+            bias=self.bias if self.use_bias else None,
+        )
         if self.activation is not None:
             outputs = self.activation(outputs)
         return outputs

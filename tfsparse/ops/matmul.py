@@ -1,5 +1,7 @@
 """``x @ W`` for a sparse kernel ``W``, with a fast exact gradient."""
 
+import functools
+
 import tensorflow as tf
 
 from tfsparse.ops import _tf_internal
@@ -8,8 +10,8 @@ from tfsparse.ops.sddmm import sddmm
 from tfsparse.ops.sddmm import use_compiled_kernels
 
 
-def sparse_matmul(x, values, pattern, use_kernel=None):
-    """Computes ``x @ W`` where ``W`` is sparse with ``values`` at ``pattern``.
+def sparse_matmul(x, values, pattern, use_kernel=None, bias=None):
+    """Computes ``x @ W (+ bias)`` where ``W`` is sparse with ``values`` at ``pattern``.
 
     Only the nonzeros are stored and multiplied. On CPU the forward product and
     the input gradient run on tfsparse's compiled SpMM kernel; on GPU, without
@@ -25,6 +27,8 @@ def sparse_matmul(x, values, pattern, use_kernel=None):
         ``(input_dim, units)``.
       use_kernel: ``True``/``False`` to force the compiled kernels or
         TensorFlow's own ops; ``None`` for ``use_compiled_kernels()``.
+      bias: optional float tensor ``[units]`` added to every row; the
+        compiled kernel adds it while writing the product (no extra pass).
 
     Returns:
       A tensor ``[batch, units]``.
@@ -50,51 +54,60 @@ def sparse_matmul(x, values, pattern, use_kernel=None):
     product = _compiled_product if use_kernel else _csr_product
     input_dim, units = shape
 
-    @tf.custom_gradient
-    def matmul(x, values):
-        def grad(dy):
-            # dy @ W^T: the kernel W^T has the rows and cols of W swapped, and
-            # W's row-major order sorts it by its output index, as required.
-            dx = product(
-                dy,
-                tf.gather(values, order),
-                tf.gather(cols, order),
-                tf.gather(rows, order),
-                units=input_dim,
-            )
-            dvalues = sddmm(
-                tf.transpose(x), tf.transpose(dy), rows, cols, use_kernel=use_kernel
-            )
-            return dx, dvalues
+    def backward(x, values, dy):
+        # dy @ W^T: the kernel W^T has the rows and cols of W swapped, and
+        # W's row-major order sorts it by its output index, as required.
+        dx = product(
+            dy,
+            tf.gather(values, order),
+            tf.gather(cols, order),
+            tf.gather(rows, order),
+            units=input_dim,
+        )
+        dvalues = sddmm(
+            tf.transpose(x), tf.transpose(dy), rows, cols, use_kernel=use_kernel
+        )
+        return dx, dvalues
 
-        return product(x, values, rows, cols, units=units), grad
+    if bias is None:
 
-    y = matmul(x, values)
+        @tf.custom_gradient
+        def matmul(x, values):
+            return product(x, values, rows, cols, units=units), functools.partial(
+                backward, x, values
+            )
+
+        y = matmul(x, values)
+    else:
+        bias = tf.convert_to_tensor(bias, dtype=x.dtype)
+
+        @tf.custom_gradient
+        def matmul_bias(x, values, bias):
+            def grad(dy):
+                return backward(x, values, dy) + (tf.reduce_sum(dy, axis=0),)
+
+            return product(x, values, rows, cols, units=units, bias=bias), grad
+
+        y = matmul_bias(x, values, bias)
     # tf.custom_gradient drops static shapes; the output's is known.
     y.set_shape(x.shape[:-1].concatenate([units]))
     return y
-
-
-def _segment_pointer(sorted_ids, segments):
-    """``ptr`` with ``sorted_ids[ptr[j]:ptr[j+1]] == j``: one op, cheap to trace."""
-    return tf.searchsorted(
-        sorted_ids, tf.range(segments + 1, dtype=sorted_ids.dtype), out_type=tf.int64
-    )
 
 
 # Both products compute x @ K for a kernel K with nonzeros ``values`` at
 # (rows, cols), sorted by the output index ``cols``; K has ``units`` columns.
 
 
-def _compiled_product(x, values, rows, cols, units):
+def _compiled_product(x, values, rows, cols, units, bias=None):
     """On tfsparse's compiled SpMM kernel (CPU)."""
-    return kernels.spmm(x, values, rows, _segment_pointer(cols, units))
+    return kernels.spmm(x, values, rows, cols, units, bias)
 
 
-def _csr_product(x, values, rows, cols, units):
+def _csr_product(x, values, rows, cols, units, bias=None):
     """On TensorFlow's CSR kernels (CPU and GPU)."""
     # K^T is [units, x.shape[1]], row-major because the nonzeros are sorted by cols.
     indices = tf.cast(tf.stack([cols, rows], axis=1), tf.int64)
     dense_shape = tf.stack([tf.constant(units, tf.int64), tf.shape(x, out_type=tf.int64)[1]])
     kernel_t = _tf_internal.csr_from_sorted_coo(indices, values, dense_shape)
-    return _tf_internal.csr_matmul(kernel_t, x, transpose_b=True, transpose_output=True)
+    y = _tf_internal.csr_matmul(kernel_t, x, transpose_b=True, transpose_output=True)
+    return y if bias is None else tf.nn.bias_add(y, bias)

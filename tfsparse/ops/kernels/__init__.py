@@ -60,6 +60,28 @@ def sddmm(x_t, dy_t, rows, cols):
     return _library().tfsparse_sddmm(x_t, dy_t, rows, cols)
 
 
-def spmm(x, values, idx, ptr):
-    """``y[b, j] = sum_{ptr[j] <= k < ptr[j+1]} x[b, idx[k]] * values[k]``."""
-    return _library().tfsparse_spmm(x, values, idx, ptr)
+def spmm(x, values, idx, seg, units, bias=None):
+    """``y[b, j] = bias[j] + sum_{k: seg[k] == j} x[b, idx[k]] * values[k]``.
+
+    ``seg`` (int32) must be sorted, with entries in ``[0, units)``;
+    ``bias=None`` adds nothing.
+    """
+    x = tf.convert_to_tensor(x)
+    if bias is None:
+        bias = tf.zeros([0], x.dtype)
+    return _library().tfsparse_spmm(x, values, idx, seg, bias, units=int(units))
+
+
+def sidco(flat, stages, ratio, first_ratio, distribution, exclude_zeros,
+          exact_count_limit, sample_chunk, sample_chunks):
+    """The compiled fused SIDCo op: ``(values, indices, threshold)``.
+
+    See ``tfsparse.compression.sidco_select``, which decides between it and
+    the pure-TensorFlow path and passes the estimator's constants.
+    """
+    return _library().tfsparse_sidco(
+        flat, stages, ratio, first_ratio,
+        distribution=distribution, exclude_zeros=exclude_zeros,
+        exact_count_limit=exact_count_limit, sample_chunk=sample_chunk,
+        sample_chunks=sample_chunks,
+    )
