@@ -16,7 +16,7 @@ $(STAMP): setup.cfg pyproject.toml tools/build_horovod.sh
 	PY=$(PY) bash tools/build_horovod.sh
 	touch $@
 
-$(KERNEL): $(wildcard tfsparse/ops/kernels/*.cc) tfsparse/ops/build.py $(STAMP)
+$(KERNEL): $(wildcard tfsparse/ops/kernels/*.cc tfsparse/ops/kernels/*.h) tfsparse/ops/build.py $(STAMP)
 	$(PY) -m tfsparse.ops.build
 
 test: setup

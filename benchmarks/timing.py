@@ -5,11 +5,14 @@ import time
 import numpy as np
 
 
-def interleaved_medians(candidates, repeats=30, warmup=3):
+def interleaved_medians(candidates, repeats=30, warmup=3, seed=0):
     """Times each zero-argument callable ``repeats`` times, round-robin.
 
     Interleaving exposes every candidate to the same background load, so the
-    ratios of the medians are meaningful on a shared, noisy machine.
+    ratios of the medians are meaningful on a shared, noisy machine. The
+    order within each round is shuffled (seeded): a call pays for what the
+    call before it left behind (evicted caches, memory to fault back in), so
+    a fixed order would charge one candidate for its neighbour every time.
 
     Returns:
       dict name -> median seconds.
@@ -17,10 +20,13 @@ def interleaved_medians(candidates, repeats=30, warmup=3):
     for fn in candidates.values():
         for _ in range(warmup):
             fn()
-    samples = {name: [] for name in candidates}
+    names = list(candidates)
+    order = np.random.default_rng(seed)
+    samples = {name: [] for name in names}
     for _ in range(repeats):
-        for name, fn in candidates.items():
+        for index in order.permutation(len(names)):
+            name = names[index]
             start = time.perf_counter()
-            fn()
+            candidates[name]()
             samples[name].append(time.perf_counter() - start)
     return {name: float(np.median(times)) for name, times in samples.items()}

@@ -21,11 +21,10 @@ from tfsparse.regularizers import without_group_lasso  # noqa: E402
 
 # A SparseDense whose compacted kernel is at least this dense becomes a Dense
 # layer. Measured by benchmarks/fssl_crossover.py (forward pass, batch 256, on
-# the project's shared 2-core CPU): SparseDense and Dense take the same time
-# at densities of 0.06-0.12 for 512x512 kernels and 0.06-0.18 for 1024x1024
-# ones over two runs; for 256x256 kernels SparseDense was never faster. 0.1
-# lies inside the measured range.
-DEFAULT_DENSE_THRESHOLD = 0.1
+# the project's 2-core CPU, with the 16-row AVX-512 SpMM kernel): SparseDense
+# and Dense take the same time at densities of 0.35 for 256x256 kernels, 0.29
+# for 512x512 and 0.30 for 1024x1024.
+DEFAULT_DENSE_THRESHOLD = 0.3
 
 # Activations applied unit by unit: removing some units leaves the others'
 # outputs unchanged. (Softmax is not: it cannot lose units.)
