@@ -4,8 +4,6 @@ import os
 import subprocess
 import sys
 
-import pytest
-
 
 def _run(code, **env):
     environment = {k: v for k, v in os.environ.items() if k != "TF_USE_LEGACY_KERAS"}

@@ -16,20 +16,9 @@ from tfsparse.partition._rebalance import rebalance
 from tfsparse.partition._simple import place_at_needers
 from tfsparse.partition._sweep import place_constants
 from tfsparse.partition.volume import pattern_matrix
+from volume_reference import brute_force_volume
 
 DATA = pathlib.Path(__file__).parent / "data"
-
-
-def brute_force_volume(kernels, owners):
-    total = 0
-    for layer, kernel in enumerate(kernels):
-        coo = scipy.sparse.coo_matrix(kernel)
-        needers = {}
-        for i, j in zip(coo.row, coo.col):
-            needers.setdefault(int(i), set()).add(int(owners[layer + 1][j]))
-        total += sum(len(w - {int(owners[layer][i])})
-                     for i, w in needers.items())
-    return total
 
 
 def pruned_network(seed=0):

@@ -16,18 +16,7 @@ from tfsparse.partition.networks import banded_network
 from tfsparse.partition.networks import relabel_neurons
 from tfsparse.partition.volume import communication_volume
 from tfsparse.partition.volume import pattern_matrix
-
-
-def brute_force_volume(kernels, owners):
-    total = 0
-    for layer, kernel in enumerate(kernels):
-        coo = scipy.sparse.coo_matrix(kernel)
-        needers = {}
-        for i, j in zip(coo.row, coo.col):
-            needers.setdefault(int(i), set()).add(int(owners[layer + 1][j]))
-        total += sum(len(w - {int(owners[layer][i])})
-                     for i, w in needers.items())
-    return total
+from volume_reference import brute_force_volume
 
 
 @pytest.fixture(scope="module")

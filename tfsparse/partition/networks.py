@@ -3,8 +3,6 @@
 import numpy as np
 import scipy.sparse
 
-from tfsparse.partition.volume import pattern_matrix
-
 
 def banded_network(neurons, layers, window, seed=0):
     """Layers in which neuron ``j`` reads the inputs within ``window`` of ``j``.
