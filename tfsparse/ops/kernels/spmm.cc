@@ -2,14 +2,13 @@
 //
 //   y[b, j] = bias[j] + sum_{k : seg[k] == j} x[b, idx[k]] * values[k]
 //
-// with the nonzeros sorted by their output index `seg` (the segment pointers
-// are built here, in one pass, instead of by a separate op per call).
-// (bias may be empty: no bias). Adding the bias here saves the separate pass
-// over the output that tf.nn.bias_add would make, as Grappler's fused MatMul +
-// BiasAdd does for Dense.
-// With the kernel's column-major pattern (idx = input of each nonzero, seg =
-// its column) this is the forward product x @ W; with the row-major pattern
-// (idx = output, seg = row) it is the input gradient dy @ W^T.
+// The nonzeros are sorted by their output index `seg`; the segment pointers
+// are built here in one pass (no separate op per call). `bias` may be empty
+// (no bias); adding it here saves the pass over the output that
+// tf.nn.bias_add would make, as Grappler's fused MatMul + BiasAdd does for
+// Dense. With the kernel's column-major pattern (idx = input of each nonzero,
+// seg = its column) this is the forward product x @ W; with the row-major
+// pattern (idx = output, seg = row) it is the input gradient dy @ W^T.
 //
 // The batch is processed in panels of P rows: a panel of x is copied
 // transposed ([n_in][P], contiguous per input, 64-byte aligned), so each
