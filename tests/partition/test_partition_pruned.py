@@ -107,7 +107,7 @@ def test_rebalance_moves_or_swaps_within_the_limit():
     # The objective of the result, checked by hand-rolled connectivity.
     expected = sum(w * (len({int(repaired[v]) for v in pins}) - 1)
                    for pins, w in zip(nets, weights))
-    assert km1(nets, weights, repaired, 2) == expected
+    assert km1(nets, weights, repaired) == expected
     # A plain move when one fits: block 0 over by 1, vertex 2 fits in 1.
     repaired, balanced = rebalance(np.array([0, 0, 0, 1]), np.array([4, 4, 3, 2]),
                                    10, nets[:1], [1], 2)

@@ -214,7 +214,7 @@ def partition_layer(pattern, input_owners, k, epsilon, seed, preset="default",
             blocks, balanced = rebalance(blocks, balance_work, limit, nets,
                                          net_weights, k)
             over = not balanced
-            km1 = weighted_km1(nets, net_weights, blocks, k)
+            km1 = weighted_km1(nets, net_weights, blocks)
         key = (bool(over), km1)
         if best_key is None or key < best_key:
             best, best_key = blocks, key

@@ -13,12 +13,12 @@ the limit, until every block is within it.
 import numpy as np
 
 
-def km1(nets, net_weights, blocks, k):
+def km1(nets, net_weights, blocks):
     """Weighted connectivity-1 objective: ``sum_e w_e (|blocks(e)| - 1)``.
 
     Example:
         >>> km1([np.array([0, 1]), np.array([1, 2])], [1, 3],
-        ...     np.array([0, 1, 1]), 2)
+        ...     np.array([0, 1, 1]))
         1
     """
     total = 0
