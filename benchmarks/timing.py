@@ -1,5 +1,6 @@
 """Side-by-side timing: candidates run interleaved, medians compared."""
 
+import gc
 import time
 
 import numpy as np
@@ -13,6 +14,8 @@ def interleaved_medians(candidates, repeats=30, warmup=3, seed=0):
     order within each round is shuffled (seeded): a call pays for what the
     call before it left behind (evicted caches, memory to fault back in), so
     a fixed order would charge one candidate for its neighbour every time.
+    As ``timeit`` does, Python's garbage collector is off while timing: a
+    collection pass would land on whichever call happened to trigger it.
 
     Returns:
       dict name -> median seconds.
@@ -23,10 +26,17 @@ def interleaved_medians(candidates, repeats=30, warmup=3, seed=0):
     names = list(candidates)
     order = np.random.default_rng(seed)
     samples = {name: [] for name in names}
-    for _ in range(repeats):
-        for index in order.permutation(len(names)):
-            name = names[index]
-            start = time.perf_counter()
-            candidates[name]()
-            samples[name].append(time.perf_counter() - start)
+    gc.collect()
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for _ in range(repeats):
+            for index in order.permutation(len(names)):
+                name = names[index]
+                start = time.perf_counter()
+                candidates[name]()
+                samples[name].append(time.perf_counter() - start)
+    finally:
+        if was_enabled:
+            gc.enable()
     return {name: float(np.median(times)) for name, times in samples.items()}

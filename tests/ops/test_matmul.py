@@ -164,3 +164,39 @@ def test_compiled_kernel_rejects_a_bias_of_the_wrong_length():
         kernels.spmm(np.ones((2, 3), np.float32), np.ones(2, np.float32),
                      np.array([0, 1], np.int32), np.array([0, 1], np.int32), 2,
                      bias=np.ones(3, np.float32))
+
+
+@pytest.mark.skipif(not kernels.available(), reason="compiled kernels not built")
+def test_compiled_kernel_builds_column_pointers_over_runs_and_gaps():
+    # Long enough for the 16-wide neighbour comparison: columns with runs of
+    # up to 40 nonzeros, gaps of empty columns at the start, inside, at the end.
+    rng = np.random.default_rng(10)
+    units, n_in = 300, 50
+    counts = rng.integers(0, 41, units) * (rng.random(units) < 0.6)
+    counts[:7] = 0
+    counts[-9:] = 0
+    seg = np.repeat(np.arange(units), counts).astype(np.int32)
+    idx = rng.integers(0, n_in, seg.size).astype(np.int32)
+    values = rng.standard_normal(seg.size).astype(np.float32)
+    x = rng.standard_normal((20, n_in)).astype(np.float32)
+    kernel = np.zeros((n_in, units))
+    np.add.at(kernel, (idx, seg), values)
+    # float32 sums of at most 40 products of O(1) terms: well within 1e-4.
+    np.testing.assert_allclose(kernels.spmm(x, values, idx, seg, units).numpy(), x @ kernel,
+                               rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.skipif(not kernels.available(), reason="compiled kernels not built")
+@pytest.mark.parametrize("position", [5, 21, 38])
+def test_compiled_kernel_rejects_a_long_unsorted_segment_list(position):
+    seg = np.arange(40, dtype=np.int32)
+    idx = np.zeros(40, np.int32)
+    x, values = np.ones((2, 3), np.float32), np.ones(40, np.float32)
+    descending = seg.copy()
+    descending[position], descending[position + 1] = seg[position + 1], seg[position]
+    with pytest.raises(tf.errors.InvalidArgumentError, match="sorted and in"):
+        kernels.spmm(x, values, idx, descending, 40)
+    huge = seg.copy()
+    huge[position] = 2**30  # out of range in the middle: rejected, nothing written past the end
+    with pytest.raises(tf.errors.InvalidArgumentError, match="sorted and in"):
+        kernels.spmm(x, values, idx, huge, 40)

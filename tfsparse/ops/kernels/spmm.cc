@@ -275,6 +275,48 @@ void Spmm<float>(OpKernelContext* ctx, const float* x, const float* values,
 }
 #endif
 
+// ptr[j] = the first k with seg[k] >= j, for j in [0, units]; false unless
+// seg is sorted with entries in [0, units). One pass that compares
+// neighbours 16 at a time and stops only at the column boundaries (about one
+// per column), instead of a data-dependent branch per nonzero.
+bool SegmentPointers(const int32_t* seg, int64_t nnz, int64_t units,
+                     int64_t* ptr) {
+  if (nnz == 0) {
+    std::fill(ptr, ptr + units + 1, 0);
+    return true;
+  }
+  if (seg[0] < 0 || seg[nnz - 1] >= units) return false;
+  std::fill(ptr, ptr + seg[0] + 1, 0);
+  // A boundary between k - 1 and k: columns seg[k - 1] + 1 .. seg[k] start at
+  // k. (Clamped: an unsorted seg may hold anything before it is rejected.)
+  auto boundary = [&](int64_t k) {
+    const int64_t last = std::min<int64_t>(seg[k], units);
+    for (int64_t j = std::max<int64_t>(seg[k - 1], -1) + 1; j <= last; ++j) {
+      ptr[j] = k;
+    }
+  };
+  bool sorted = true;
+  int64_t k = 1;
+#if defined(__AVX512F__)
+  for (; k + 16 <= nnz; k += 16) {
+    const __m512i before = _mm512_loadu_si512(seg + k - 1);
+    const __m512i after = _mm512_loadu_si512(seg + k);
+    sorted &= _mm512_cmpgt_epi32_mask(before, after) == 0;
+    for (uint32_t m = _mm512_cmpneq_epi32_mask(before, after); m != 0;
+         m &= m - 1) {
+      boundary(k + __builtin_ctz(m));
+    }
+  }
+#endif
+  for (; k < nnz; ++k) {
+    sorted &= seg[k - 1] <= seg[k];
+    if (seg[k - 1] < seg[k]) boundary(k);
+  }
+  if (!sorted) return false;
+  std::fill(ptr + seg[nnz - 1] + 1, ptr + units + 1, nnz);
+  return true;
+}
+
 template <typename T>
 class SpmmOp : public OpKernel {
  public:
@@ -309,18 +351,12 @@ class SpmmOp : public OpKernel {
                                         bias_tensor.shape().DebugString()));
     const int32_t* idx = idx_tensor.flat<int32_t>().data();
     const int32_t* seg = seg_tensor.flat<int32_t>().data();
-    // Branch-free checks (they vectorise); the loop that names the culprit
-    // runs only when one fails.
-    bool seg_ok = nnz == 0 || (seg[0] >= 0 && seg[nnz - 1] < units);
-    for (int64_t k = 1; k < nnz; ++k) seg_ok &= seg[k - 1] <= seg[k];
-    OP_REQUIRES(ctx, seg_ok,
+    std::vector<int64_t> ptr(units + 1);
+    OP_REQUIRES(ctx, SegmentPointers(seg, nnz, units, ptr.data()),
                 errors::InvalidArgument("seg must be sorted and in [0, units=",
                                         units, ")"));
-    std::vector<int64_t> ptr(units + 1);
-    for (int64_t j = 0, k = 0; j <= units; ++j) {
-      while (k < nnz && seg[k] < j) ++k;
-      ptr[j] = k;
-    }
+    // Branch-free check (it vectorises); the loop that names the culprit
+    // runs only when it fails.
     bool idx_ok = true;
     for (int64_t k = 0; k < nnz; ++k) {
       idx_ok &= static_cast<uint32_t>(idx[k]) < static_cast<uint64_t>(n_in);
