@@ -141,6 +141,46 @@ def test_gather_layer_only_for_a_dense_first_layer_that_lost_inputs():
     assert isinstance(first, SparseDense) and first.input_dim == 20
 
 
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dense_threshold", [0.0, 1.0])
+def test_removed_inputs_are_gathered_only_in_front_of_a_first_dense(kind, dense_threshold):
+    # Removed units of layer l are removed inputs of layer l + 1: they are simply
+    # not built, so no selection is ever needed inside the chain.
+    model = build(kind, seed=14)
+    zero_groups(model, np.random.default_rng(15))
+    compacted = fssl.compact(model, dense_threshold=dense_threshold)
+    kept = fssl.kept_inputs(model)
+    first_plan = fssl.plan(model, dense_threshold)[0]
+    gathers = [i for i, layer in enumerate(compacted.layers)
+               if isinstance(layer, fssl.GatherInputs)]
+    fc = [layer for layer in compacted.layers if isinstance(layer, (SparseDense, keras.layers.Dense))]
+    assert kept.size < 20
+    if first_plan.to_dense:
+        assert gathers == [1 if kind == "mixed_flatten_dropout" else 0]
+        assert compacted.layers[gathers[0]].indices == kept.tolist()
+        assert fc[0].kernel.shape[0] == kept.size
+    else:  # the pattern reads the kept inputs at their original positions
+        assert gathers == []
+        assert fc[0].input_dim == 20
+        assert np.array_equal(np.unique(fc[0].pattern.rows), kept)
+    for before, after in zip(fc, fc[1:]):  # each layer reads all units of the one before
+        width = after.input_dim if isinstance(after, SparseDense) else after.kernel.shape[0]
+        assert width == before.units
+
+
+def test_compacted_model_with_gather_exports_as_saved_model(tmp_path):
+    model = build("dense", seed=16)
+    zero_groups(model, np.random.default_rng(17))
+    compacted = fssl.compact(model)
+    assert isinstance(compacted.layers[0], fssl.GatherInputs)
+    x = np.random.default_rng(18).standard_normal((9, 20)).astype(np.float32)
+    tf.saved_model.save(compacted, str(tmp_path))
+    served = tf.saved_model.load(str(tmp_path)).signatures["serving_default"]
+    (name,) = served.structured_input_signature[1]
+    (outputs,) = served(**{name: tf.constant(x)}).values()
+    np.testing.assert_allclose(outputs.numpy(), model(x).numpy(), atol=ATOL, rtol=0)
+
+
 def test_compacted_model_saves_and_loads(tmp_path):
     model = build("mixed_flatten_dropout", seed=8)
     zero_groups(model, np.random.default_rng(9))
@@ -256,18 +296,6 @@ def test_report_rows_match_a_hand_count():
     assert rows[2]["layer"] == "total" and rows[2]["macs_after"] == 10
     assert rows[2]["macs_removed"] == pytest.approx(1 - 10 / 19)
     assert "SparseDense -> SparseDense" in lines[0] and "42.9%" in lines[0]
-
-
-def test_gather_inputs_layer():
-    layer = fssl.GatherInputs([3, 1])
-    np.testing.assert_array_equal(layer(tf.constant([[0.0, 1.0, 2.0, 3.0]])).numpy(), [[3.0, 1.0]])
-    again = fssl.GatherInputs.from_config(layer.get_config())
-    assert again.indices == [3, 1]
-    with pytest.raises(ValueError) as info:
-        fssl.GatherInputs([1, 1])
-    assert str(info.value) == (
-        'Received an invalid value for "indices", expected a non-empty 1-D sequence of '
-        "distinct non-negative integers. Received: indices=[1, 1]")
 
 
 def test_compacted_layers_drop_group_lasso_and_keep_other_regularizers():

@@ -330,10 +330,14 @@ def compact(model, dense_threshold=DEFAULT_DENSE_THRESHOLD, drop_inputs=False):
     no longer drops it when the compacted model is trained further.
 
     Inputs: by default the compacted model takes the same inputs as ``model``.
-    If its first layer is a Dense that lost input rows, a ``GatherInputs``
-    layer selects the kept features first (a first SparseDense needs none: its
-    pattern just skips them). With ``drop_inputs=True`` the compacted model
-    instead takes only the kept (flattened) features, ``x[:, kept_inputs(model)]``.
+    If its compacted first layer is a Dense (a Dense, or a SparseDense at
+    least ``dense_threshold`` dense) that lost input rows, a ``GatherInputs``
+    layer selects the kept features first (on CPU with the SpMM kernel). A
+    first layer that stays SparseDense needs none: it keeps the original input
+    width and its pattern, which holds only the kept nonzeros, reads the kept
+    inputs where they are. Removed hidden units are never gathered: they are
+    not computed. With ``drop_inputs=True`` the compacted model instead takes
+    only the kept (flattened) features, ``x[:, kept_inputs(model)]``.
 
     Args:
         model: a built ``tf_keras`` Sequential chain of Dense/SparseDense layers,

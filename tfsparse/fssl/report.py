@@ -32,7 +32,10 @@ def report(model, dense_threshold=DEFAULT_DENSE_THRESHOLD, print_fn=print):
     Returns:
         A list with one dict per Dense/SparseDense layer and a last ``"total"``
         one, with keys ``layer``, ``type`` (before -> after), ``shape_before``,
-        ``shape_after``, ``nnz_before`` (nonzeros of a Dense kernel, stored
+        ``shape_after`` (over the kept inputs and units: a first layer that
+        stays SparseDense is built with the original input width, but its
+        pattern has no nonzero in the removed inputs' rows and never reads
+        them), ``nnz_before`` (nonzeros of a Dense kernel, stored
         values of a SparseDense), ``nnz_after``, ``macs_before``,
         ``macs_after`` (multiply-adds per sample: every kernel entry of a Dense
         layer, the stored values of a SparseDense), ``nnz_removed`` and
