@@ -31,7 +31,7 @@ def test_two_processes_ran(ranks):
     assert [(r["rank"], r["size"]) for r in ranks] == [(0, 2), (1, 2)]
 
 
-@pytest.mark.parametrize("case", ["gpipe", "layerpipe", "pipedream"])
+@pytest.mark.parametrize("case", ["gpipe", "layerpipe", "pipedream", "regularized"])
 def test_processes_hold_the_same_model(ranks, case):
     first, second = (r[case]["processes"] for r in ranks)
     for a, b in zip(first["weights"], second["weights"]):
@@ -39,7 +39,7 @@ def test_processes_hold_the_same_model(ranks, case):
     assert first["loss"] == second["loss"]
 
 
-@pytest.mark.parametrize("case", ["gpipe", "layerpipe", "pipedream"])
+@pytest.mark.parametrize("case", ["gpipe", "layerpipe", "pipedream", "regularized"])
 def test_processes_equal_one_process_with_two_devices(ranks, case):
     # The same action lists, executed over Horovod instead of between local
     # devices (LayerPipe: stage 0 borrows rows of layer 0 from stage 1).
@@ -57,3 +57,23 @@ def test_layerpipe_plan_splits_layer_zero_across_processes(ranks):
 def test_gpipe_over_processes_equals_training_without_pipeline(ranks):
     got, plain = ranks[0]["gpipe"]["processes"], ranks[0]["gpipe"]["plain"]
     close(got["weights"], plain["weights"])
+
+
+@pytest.mark.parametrize("kind", ["processes", "devices"])
+def test_reported_losses_include_every_stages_penalties(ranks, kind):
+    # Stage 0 holds a kernel regularizer, an activity regularizer and an
+    # add_loss, stage 1 a bias regularizer; 1F1B is synchronous, so fit's
+    # History and evaluate equal plain Keras, whose losses add all of them
+    # (evaluate in batches of 18 rows: micro-batches of 5, 5, 4 and 4 rows).
+    # Same float32 ops as one process, penalties summed in another order:
+    # a few ulps of an O(1) loss, as for the weights (TOLERANCE).
+    runs = ranks[0]["regularized"]
+    got, plain = runs[kind], runs["plain"]
+    assert got["plan"] == [[0, 1], [2, 3]]
+    # Stage 0's penalties are far above the tolerance: without them the
+    # losses would differ by this much.
+    assert sum(plain["penalty"][:2]) > 0.1
+    assert plain["penalty"][1] > 0.01 and plain["penalty"][3] > 0.01
+    close(got["weights"], plain["weights"])
+    np.testing.assert_allclose(got["loss"], plain["loss"], rtol=1e-5)
+    np.testing.assert_allclose(got["evaluate"], plain["evaluate"], rtol=1e-5)

@@ -2,8 +2,11 @@
 
 ``PipelineStrategy`` attaches a ``Binding`` to every model compiled in its
 scope (``model.pipeline``) and points the model's ``make_train_function``,
-``test_step`` and ``predict_step`` at it.
+``test_step`` and ``predict_step`` at it, and with one stage per Horovod
+process also ``make_test_function`` and ``make_predict_function``.
 """
+
+import dataclasses
 
 import tensorflow as tf
 
@@ -12,8 +15,12 @@ from tfsparse.distribute import costs as _costs
 from tfsparse.distribute._executor import PipelineExecutor
 from tfsparse.distribute._executor import lent_rows
 from tfsparse.distribute._horovod import SINK
+from tfsparse.distribute._inference import LocalInference
+from tfsparse.distribute._inference import activation_spec
+from tfsparse.distribute._inference import pipelined_forward
+from tfsparse.distribute._partitioned import build_runs
+from tfsparse.distribute._partitioned import partitionable
 from tfsparse.distribute._validation import invalid
-from tfsparse.distribute.stages import StagePlan
 from tfsparse.distribute.stages import check_stages
 from tfsparse.distribute.stages import plan_stages
 
@@ -28,6 +35,10 @@ class Binding:
         self._executors = {}
         self._windows = {}
         self._optimizers = None
+        self._device_optimizers = {}  # (stage, device): for a group's other devices
+        self._runs = {}  # stages: their PartitionedLayers
+        self._inference_transport = None
+        self._inference_windows = {}
 
     # ------------------------------------------------------------ planning
     def layers(self):
@@ -72,31 +83,60 @@ class Binding:
     def plan(self, rows):
         """The executed plan: borrowed fractions rounded to whole rows."""
         layers = self.layers()
+        groups = [len(group) for group in self.strategy.device_groups]
+        grouped = max(groups) > 1
         plan = plan_stages(self.costs(rows), self.strategy.num_stages,
                            split=self.strategy.schedule == "layerpipe",
                            splittable=_costs.splittable_layers(layers),
-                           stages=self._explicit_stages())
+                           stages=self._explicit_stages(),
+                           group_sizes=groups if grouped else None,
+                           partitioned=[partitionable(l) for l in layers] if grouped else None)
         rounded = tuple(lent_rows(plan, s, rows) / rows for s in range(plan.num_stages))
-        return StagePlan(plan.stages, rounded)
+        return dataclasses.replace(plan, borrowed=rounded)
+
+    def partitioned_runs(self, plan):
+        """The ``PartitionedLayers`` of the plan's stages on groups of devices."""
+        if plan.stages not in self._runs:
+            self._runs[plan.stages] = build_runs(self.layers(), plan.stages, self.strategy)
+        return self._runs[plan.stages]
+
+    def partitions(self):
+        """``{stage: [Partition, ...]}``: per stage on a group of devices, the
+        partition of each run of consecutive SparseDense layers."""
+        runs = {id(r): r for found in self._runs.values() for r in found}
+        if not runs:
+            runs = {id(r): r for r in self.partitioned_runs(self.plan(1))}
+        result = {}
+        for run in runs.values():
+            result.setdefault(run.stage, []).append(run.partition)
+        return result
 
     def executor(self, rows):
         if rows not in self._executors:
             plan = self.plan(rows)
+            runs = self.partitioned_runs(plan)
+            optimizer = self.model.optimizer
+
+            def copy():
+                return type(optimizer).from_config(optimizer.get_config())
+
             if self._optimizers is None:
-                optimizer = self.model.optimizer
-                self._optimizers = [type(optimizer).from_config(optimizer.get_config())
-                                    for _ in range(self.strategy.num_stages)]
-                if isinstance(optimizer, keras.optimizers.Optimizer):
-                    # Built before tracing, so the window is traced once.
-                    layers = self.layers()
-                    for stage_optimizer, group in zip(self._optimizers, plan.stages):
-                        stage_optimizer.build([v for i in group
-                                               for v in layers[i].trainable_variables])
-            self._executors[rows] = PipelineExecutor(
+                self._optimizers = [copy() for _ in range(self.strategy.num_stages)]
+            for run in runs:
+                for device in run.devices[1:]:
+                    if (run.stage, device) not in self._device_optimizers:
+                        self._device_optimizers[(run.stage, device)] = copy()
+            executor = PipelineExecutor(
                 self.model, self.layers(), plan, self.strategy.devices,
                 self._optimizers, self.strategy.schedule,
                 self.strategy.num_microbatches, self.strategy.options,
-                plan.stage_costs(self.costs(rows)), transport=self._transport())
+                plan.stage_costs(self.costs(rows)), transport=self._transport(),
+                runs=runs, device_optimizers=self._device_optimizers)
+            if isinstance(optimizer, keras.optimizers.Optimizer):
+                # Built before tracing, so the window is traced once.
+                for stage_optimizer, variables in executor.optimizer_variables():
+                    stage_optimizer.build(variables)
+            self._executors[rows] = executor
         return self._executors[rows]
 
     def _transport(self):
@@ -115,20 +155,7 @@ class Binding:
         return self.train_function
 
     def train_function(self, iterator):
-        spe = self.model.steps_per_execution
-        window = 1 if spe is None else int(spe.numpy())
-        batches = []
-        for _ in range(window):
-            try:
-                data = next(iterator)
-            except (StopIteration, tf.errors.OutOfRangeError):
-                if not batches:
-                    raise
-                break
-            x, y, weight = keras.utils.unpack_x_y_sample_weight(data)
-            if not self.model.built:
-                self.model.build(x.shape)
-            batches.append((x, y, weight))
+        batches = self._next_window(iterator)
         rows = self.microbatch_rows(int(tf.nest.flatten(batches[0][0])[0].shape[0]))
         for x, _, _ in batches[1:]:
             self.microbatch_rows(int(x.shape[0]))
@@ -148,32 +175,126 @@ class Binding:
         logs.pop(SINK, None)  # see tfsparse.distribute._horovod
         return logs
 
+    def _next_window(self, iterator):
+        """The next ``steps_per_execution`` batches as (x, y, weight) tuples."""
+        spe = self.model.steps_per_execution
+        window = 1 if spe is None else int(spe.numpy())
+        batches = []
+        for _ in range(window):
+            try:
+                data = next(iterator)
+            except (StopIteration, tf.errors.OutOfRangeError):
+                if not batches:
+                    raise
+                break
+            x, y, weight = keras.utils.unpack_x_y_sample_weight(data)
+            if not self.model.built:
+                self.model.build(x.shape)
+            batches.append((x, y, weight))
+        return batches
+
     # --------------------------------------------------- evaluate, predict
-    def forward(self, x):
-        """The model's output on ``x``, micro-batches pipelined over the stages."""
-        layers = self.layers()
-        plan_groups = self._explicit_stages() or plan_stages(
+    def forward_stages(self):
+        """Per stage, the layers it runs in ``evaluate`` and ``predict``.
+
+        The explicit ``stages``, else whole layers balanced by the cost model
+        (the forward pass borrows no rows).
+        """
+        return self._explicit_stages() or plan_stages(
             _costs.model_costs(self.model, 1), self.strategy.num_stages).stages
-        m = self.strategy.num_microbatches
-        rows = tf.shape(x)[0]
-        sizes = rows // m + tf.cast(tf.range(m) < rows % m, rows.dtype)
-        outputs = []
-        for part in tf.split(x, sizes, num=m):
-            hidden = part
-            for device, group in zip(self.strategy.devices, plan_groups):
-                with tf.device(device):
-                    for index in group:
-                        hidden = layers[index](hidden, training=False)
-            outputs.append(hidden)
-        return tf.concat(outputs, axis=0)
+
+    def _inference(self):
+        if self._inference_transport is None:
+            self._inference_transport = self._transport() or LocalInference()
+        return self._inference_transport
+
+    def forward(self, x, pending=None, first_microbatch=0, penalties=None):
+        """The model's output on ``x``, micro-batches pipelined over the stages.
+
+        ``None`` in a process that does not run the last stage (Horovod).
+        ``penalties``: see ``pipelined_forward``.
+        """
+        return pipelined_forward(x, self.layers(), self.forward_stages(),
+                                 self.strategy.devices, self._inference(),
+                                 self.strategy.num_microbatches,
+                                 [] if pending is None else pending, first_microbatch,
+                                 penalties)
+
+    def evaluate_window(self, batches):
+        """Updates the loss and metrics with ``batches`` (a list of (x, y, weight)).
+
+        The last stage computes them; every process returns its results
+        (under Horovod with a ``SINK`` entry to drop). The loss adds every
+        stage's regularization losses on the batch's micro-batches (each
+        weighted by its share of the rows), computed by the stage that ran
+        them, as the model adds its ``losses`` on the whole batch.
+        """
+        pending = []
+        for step, (x, y, weight) in enumerate(batches):
+            penalties = []
+            y_pred = self.forward(x, pending, step * self.strategy.num_microbatches,
+                                  penalties)
+            penalties = self._inference().share_penalties(
+                f"pipeline_eval_penalty_{step}", penalties, y_pred is not None, pending)
+            if y_pred is not None:
+                self.model.compiled_loss(y, y_pred, weight,
+                                         regularization_losses=penalties)
+                self.model.compute_metrics(x, y, y_pred, weight)
+        return self._inference().share_metrics(self.model, self.strategy.num_stages - 1,
+                                               pending)
+
+    def predict_window(self, batches):
+        """The model's outputs on ``batches`` in every process, and a sink to drop."""
+        pending, outputs = [], []
+        for step, (x, _, _) in enumerate(batches):
+            y_pred = self.forward(x, pending, step * self.strategy.num_microbatches)
+            if y_pred is not None:
+                outputs.append(y_pred)
+        joined = tf.concat(outputs, axis=0) if outputs else None
+        layers = self.layers()
+        return self._inference().share_outputs(
+            joined, lambda: activation_spec(layers, len(layers),
+                                            sum(int(x.shape[0]) for x, _, _ in batches), None),
+            self.strategy.num_stages - 1, pending)
 
     def test_step(self, data):
-        x, y, weight = keras.utils.unpack_x_y_sample_weight(data)
-        y_pred = self.forward(x)
-        self.model.compute_loss(x, y, y_pred, weight)
-        return self.model.compute_metrics(x, y, y_pred, weight)
+        """Local stages: Keras's test function traces this step."""
+        return self.evaluate_window([keras.utils.unpack_x_y_sample_weight(data)])
 
     def predict_step(self, data):
+        """Local stages: Keras's predict function traces this step."""
         x, _, _ = keras.utils.unpack_x_y_sample_weight(data)
-        return self.forward(x)
+        return self.predict_window([(x, None, None)])[0]
 
+    # Under Horovod the model's test and predict functions are these Python
+    # loops over a window's batches, each window one traced graph (as for
+    # training): Keras's own functions loop over ``steps_per_execution`` in a
+    # tf.while_loop, whose iterations would issue Horovod collectives of the
+    # same name, and a graph traced per window has static shapes, which the
+    # receiving process needs for its placeholders (the last batch is smaller).
+    def make_test_function(self, force=False):
+        return self.test_function
+
+    def make_predict_function(self, force=False):
+        return self.predict_function
+
+    def test_function(self, iterator):
+        batches = self._next_window(iterator)
+        self._inference().prepare(self.model, batches)
+        logs = dict(self._run_window("evaluate", self.evaluate_window, batches))
+        logs.pop(SINK, None)  # see tfsparse.distribute._horovod
+        self.model._test_counter.assign_add(len(batches))
+        return logs
+
+    def predict_function(self, iterator):
+        batches = self._next_window(iterator)
+        outputs, _ = self._run_window("predict", self.predict_window, batches)
+        self.model._predict_counter.assign_add(len(batches))
+        return outputs
+
+    def _run_window(self, kind, window, batches):
+        if self.model.run_eagerly:
+            return window(batches)
+        if kind not in self._inference_windows:
+            self._inference_windows[kind] = tf.function(window, autograph=False)
+        return self._inference_windows[kind](batches)

@@ -21,6 +21,8 @@ import dataclasses
 import tensorflow as tf
 
 from tfsparse.distribute import schedules as S
+from tfsparse.distribute._partitioned import PartitionedLayers
+from tfsparse.distribute._partitioned import PartitionedRecord
 from tfsparse.distribute.simulator import replay
 
 
@@ -53,10 +55,17 @@ class PipelineExecutor:
         process, TensorFlow moves tensors between devices) or
         ``tfsparse.distribute._horovod.HorovodTransport`` (one stage per
         process).
+      runs: ``PartitionedLayers`` that replace their layers in their stage
+        (a stage on a group of devices, see
+        ``tfsparse.distribute._partitioned``).
+      device_optimizers: ``{(stage, device): optimizer}`` for the shards on
+        the other devices of a group (``optimizers[stage]`` updates those
+        on the stage's device).
     """
 
     def __init__(self, model, layers, plan, devices, optimizers, name,
-                 num_microbatches, options, stage_costs, transport=None):
+                 num_microbatches, options, stage_costs, transport=None,
+                 runs=(), device_optimizers=None):
         self.model = model
         self.plan = plan
         self.devices = list(devices)
@@ -65,10 +74,34 @@ class PipelineExecutor:
         self.num_microbatches = num_microbatches
         self.options = dict(options)
         self.stage_costs = stage_costs
-        self.stage_layers = [[layers[i] for i in group] for group in plan.stages]
+        self.runs = list(runs)
+        self.stage_layers = [_replace_runs([layers[i] for i in group], group, self.runs)
+                             for group in plan.stages]
         self.stage_variables = [[v for layer in group for v in layer.trainable_variables]
                                 for group in self.stage_layers]
+        self.update_groups = [self._update_groups(s, device_optimizers or {})
+                              for s in range(len(self.devices))]
         self.transport = transport or LocalTransport()
+
+    def _update_groups(self, stage, device_optimizers):
+        """``(device, optimizer, variable positions)`` per device of ``stage``."""
+        groups = {}
+        for i, variable in enumerate(self.stage_variables[stage]):
+            device = None
+            for run in self.runs:
+                device = device or run.variable_device(variable)
+            if device is None or device == self.devices[stage]:
+                key, optimizer = self.devices[stage], self.optimizers[stage]
+            else:
+                key, optimizer = device, device_optimizers[(stage, device)]
+            groups.setdefault(key, (key, optimizer, []))[2].append(i)
+        return list(groups.values())
+
+    def optimizer_variables(self):
+        """Every optimizer with the variables it updates (to build it)."""
+        return [(optimizer, [self.stage_variables[s][i] for i in positions])
+                for s, groups in enumerate(self.update_groups)
+                for _, optimizer, positions in groups]
 
     # ---------------------------------------------------------------- window
     def train_window(self, batches):
@@ -82,9 +115,15 @@ class PipelineExecutor:
                            steps=len(batches), **self.options)
         order = replay(sched, self.stage_costs).order
         state = _WindowState(num_stages, self._split(batches))
+        for run in self.runs:  # the shards start from the layers' variables
+            state.last[run.stage].append(run.load())
         for action in order:
             self._run(action, state)
-        with tf.control_dependencies([op for ops in state.last for op in ops]):
+        stored = []
+        for run in self.runs:
+            with tf.control_dependencies(state.last[run.stage]):
+                stored.append(run.store())
+        with tf.control_dependencies([op for ops in state.last for op in ops] + stored):
             return self.transport.finish(self, state.pending)
 
     def _split(self, batches):
@@ -200,6 +239,9 @@ class PipelineExecutor:
             hidden = record.outputs
         state.records[(stage, m)] = records
         penalties = [r.penalty for r in records if r.penalty is not None]
+        # The last stage's loss adds every stage's penalties on this micro-batch.
+        penalties = self.transport.share_penalties(
+            f"pipeline_penalty_{m}", penalties, last, state.pending)
         state.penalties.setdefault(m, []).extend(penalties)
         if last:
             with tf.GradientTape() as tape:
@@ -274,15 +316,23 @@ class PipelineExecutor:
                 state.grads.get(stage, {}).pop(m, None)
             return None
         mine = [state.grads[stage].pop(m) for m in action.microbatches]
-        total = [tf.add_n(list(column)) for column in zip(*mine)]
         received = state.inbox.pop(
-            (S.RECEIVE_WEIGHT_GRADIENT, stage, -1, action.microbatches), None)
-        if received:  # the previous stage's partial gradients of our first layer
-            for i, partial in enumerate(received):
-                total[i] = total[i] + partial
+            (S.RECEIVE_WEIGHT_GRADIENT, stage, -1, action.microbatches), None) or []
+        columns = list(zip(*mine))
         scale = 1.0 / len(action.microbatches)
-        grads = [g * tf.cast(scale, g.dtype) for g in total]
-        return self.optimizers[stage].apply_gradients(zip(grads, variables))
+        updates = []
+        for device, optimizer, positions in self.update_groups[stage]:
+            # Each device sums and applies the gradients of its own variables.
+            with tf.device(device):
+                grads = []
+                for i in positions:
+                    total = tf.add_n(list(columns[i]))
+                    if i < len(received):  # the previous stage's partial gradient
+                        total = total + received[i]
+                    grads.append(total * tf.cast(scale, total.dtype))
+                updates.append(optimizer.apply_gradients(
+                    zip(grads, [variables[i] for i in positions])))
+        return updates
 
 
 class _WindowState:
@@ -319,6 +369,10 @@ class LocalTransport:
     def refresh_borrowed(self, executor, action, state):
         return None
 
+    def share_penalties(self, name, penalties, receiver, pending):
+        """The penalties for the loss: here every stage's are in this process."""
+        return penalties
+
     def finish(self, executor, pending):
         return {m.name: tf.identity(m.result()) for m in executor.model.metrics}
 
@@ -335,7 +389,19 @@ def lent_rows(plan, stage, rows):
     return min(int(round(plan.borrowed[stage] * rows)), rows - 1)
 
 
+def _replace_runs(layers, indices, runs):
+    """``layers`` (at chain ``indices``) with each run's layers replaced by the run."""
+    items, position = [], 0
+    while position < len(layers):
+        run = next((r for r in runs if r.indices[0] == indices[position]), None)
+        items.append(layers[position] if run is None else run)
+        position += 1 if run is None else len(run.indices)
+    return items
+
+
 def _apply(layer, inputs):
+    if isinstance(layer, PartitionedLayers):
+        return layer.record(inputs)
     with tf.GradientTape(persistent=True) as tape:
         tape.watch(inputs)
         outputs = layer(inputs, training=True)
@@ -344,6 +410,8 @@ def _apply(layer, inputs):
 
 
 def _input_gradient(record):
+    if isinstance(record, PartitionedRecord):
+        return record.input_gradient()
     targets, upstream = [record.outputs], [record.upstream]
     if record.penalty is not None:
         targets.append(record.penalty)
@@ -352,6 +420,8 @@ def _input_gradient(record):
 
 
 def _weight_gradient(record):
+    if isinstance(record, PartitionedRecord):
+        return record.weight_gradient()
     variables = record.layer.trainable_variables
     if not variables:
         return []

@@ -13,13 +13,20 @@ Every process holds the whole model; a stage's weights change only in its
 own process. After an update of a layer whose rows the previous stage
 borrows, the owner broadcasts that layer's weights to the borrower (at the
 same point of the trace order, so the borrower reads the weights it would
-read in one process). At the end of a window every stage broadcasts its
+read in one process). Every stage's regularization losses on a micro-batch
+reach the last stage's loss through one ``hvd.allreduce`` per micro-batch
+(``share_penalties``). At the end of a window every stage broadcasts its
 weights to all processes and the last stage its metrics, so every process
 ends with the same model and logs.
+
+``evaluate`` and ``predict`` use the same sends and receives for the forward
+pass (``tfsparse.distribute._inference``): process ``r`` runs stage ``r`` on
+every micro-batch, and the last stage broadcasts its metrics' state
+(``share_metrics``) or its predictions (``share_outputs``) to every process.
+Every process must therefore be fed the same batches, as in ``fit``.
 """
 
 import tensorflow as tf
-
 
 
 class HorovodTransport:
@@ -95,6 +102,36 @@ class HorovodTransport:
                 state.last[self.rank] = [tf.group(*[v.assign(value) for v, value
                                                    in zip(variables, values)])]
 
+    def share_penalties(self, name, penalties, receiver, pending):
+        """Every stage's penalties, for the process that computes the loss.
+
+        A stage's regularization losses (weight and activity regularizers,
+        ``add_loss``) on a micro-batch (or, in ``evaluate``, a batch) are
+        computed in the stage's own process, where its gradients need them;
+        the loss reported by the last stage adds them all, as in one
+        process. Every process calls this once per ``name``: one
+        ``hvd.allreduce`` sums the other processes' penalties (each a
+        float32 scalar, zero where a stage has none) and the receiver
+        contributes zero, so the sum arrives unchanged.
+
+        Args:
+          name: the collective's name, unique in the graph.
+          penalties: this process's scalar penalties (a list, maybe empty).
+          receiver: whether this process computes the loss.
+          pending: collects the sending side's result (see ``finish``).
+
+        Returns:
+          For the receiver, ``[others] + penalties``; else ``[]``.
+        """
+        zero = self._placeholder([], tf.float32)  # not a constant, see __init__
+        own = (tf.add_n([tf.cast(p, tf.float32) for p in penalties])
+               if penalties and not receiver else zero)
+        total = self.hvd.allreduce(own, op=self.hvd.Sum, name=name)
+        if not receiver:
+            pending.append(total)
+            return []
+        return [total] + list(penalties)
+
     def finish(self, executor, pending):
         """Broadcasts weights and metrics; the logs carry a ``SINK`` entry.
 
@@ -118,19 +155,68 @@ class HorovodTransport:
         # The metrics' state, so that Keras (which reads the metrics after
         # the train function) logs the same values in every process.
         last = len(executor.stage_layers) - 1
-        metric_variables = [v for m in executor.model.metrics for v in m.variables]
-        for i, variable in enumerate(metric_variables):
-            value = self.hvd.broadcast(variable.read_value(), root_rank=last,
-                                       name=f"pipeline_metric_{i}")
-            if self.rank != last:
+        assigns += self._broadcast_metrics(executor.model, last, unread, "pipeline_metric")
+        with tf.control_dependencies(assigns):
+            logs = {m.name: tf.identity(m.result()) for m in executor.model.metrics}
+        logs[SINK] = _sink(unread)
+        return logs
+
+    # ------------------------------------------------- evaluate, predict
+    def share_metrics(self, model, stage, pending):
+        """The metrics of ``stage`` (which computed them) in every process.
+
+        Returns:
+          ``model.get_metrics_result()`` after every process's metric
+          variables were set to ``stage``'s, plus a ``SINK`` entry (see
+          ``finish``) that the caller drops.
+        """
+        unread = list(tf.nest.flatten(pending))
+        assigns = self._broadcast_metrics(model, stage, unread, "pipeline_eval_metric")
+        with tf.control_dependencies(assigns):
+            logs = dict(model.get_metrics_result())
+        logs[SINK] = _sink(unread)
+        return logs
+
+    def share_outputs(self, outputs, spec, stage, pending):
+        """``stage``'s ``outputs`` (``None`` elsewhere) in every process.
+
+        Args:
+          outputs: the tensor on the process running ``stage``, else ``None``.
+          spec: a callable returning its ``tf.TensorSpec`` (every process
+            knows it).
+          stage: the sending stage.
+          pending: tensors sent earlier, summed into the ``SINK``.
+
+        Returns:
+          ``(outputs, sink)``: ``sink`` is a scalar that reads ``pending``
+          (see ``finish``), for the caller to return and drop.
+        """
+        if self.rank == stage:
+            value = outputs
+        else:
+            wanted = spec()
+            value = self._placeholder(wanted.shape, wanted.dtype)
+        shared = self.hvd.broadcast(value, root_rank=stage, name="pipeline_infer_output")
+        return shared, _sink(pending)
+
+    def _broadcast_metrics(self, model, root, unread, prefix):
+        """Sets every process's metric variables to ``root``'s; returns the assigns."""
+        assigns = []
+        variables = [v for m in model.metrics for v in m.variables]
+        for i, variable in enumerate(variables):
+            value = self.hvd.broadcast(variable.read_value(), root_rank=root,
+                                       name=f"{prefix}_{i}")
+            if self.rank != root:
                 assigns.append(variable.assign(value))
             else:
                 unread.append(value)
-        with tf.control_dependencies(assigns):
-            logs = {m.name: tf.identity(m.result()) for m in executor.model.metrics}
-        logs[SINK] = tf.add_n([tf.reduce_sum(tf.cast(t, tf.float32)) for t in unread]
-                              + [tf.zeros([])])
-        return logs
+        return assigns
+
+
+def _sink(tensors):
+    """One scalar that reads every tensor (keeps Grappler from pruning them)."""
+    return tf.add_n([tf.reduce_sum(tf.cast(t, tf.float32)) for t in tf.nest.flatten(tensors)]
+                    + [tf.zeros([])])
 
 
 SINK = "_pipeline_sink"

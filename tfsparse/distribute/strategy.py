@@ -17,6 +17,8 @@ import tensorflow as tf
 
 from tfsparse._keras import keras
 from tfsparse.distribute._binding import Binding
+from tfsparse.distribute._partitioned import DEFAULT_METHOD
+from tfsparse.distribute._partitioned import check_partition_argument
 from tfsparse.distribute._validation import check_choice
 from tfsparse.distribute._validation import check_positive_int
 from tfsparse.distribute._validation import invalid
@@ -45,15 +47,44 @@ class PipelineStrategy:
     Optimizers whose update mixes variables (``global_clipnorm``) see one
     stage at a time.
 
+    A stage may run on a group of devices: ``devices=[["/gpu:0", "/gpu:1"],
+    "/gpu:2"]`` gives stage 0 two. Its consecutive SparseDense layers are
+    then row-partitioned over the group with
+    ``tfsparse.partition.partition_rows`` (the "partitioned weights"):
+    each device computes only the output neurons it owns, forward and
+    backward, from the input entries they reference, received from the
+    devices that own them (per later layer exactly the partition's volume);
+    weight gradients and updates stay on each neuron's device. The stage's
+    other layers (and SparseDense layers with a softmax or custom
+    activation, regularizers or constraints) run on the group's first
+    device. Gradients are exact: ``"gpipe"`` with a partitioned stage
+    equals it without. The layers keep their Keras variables (``save``,
+    checkpoints, ``evaluate`` and ``predict`` see one ordinary model);
+    each device trains copies of its neurons' weights, gathered from them
+    at the start of every ``steps_per_execution`` window and written back
+    at its end (see ``tfsparse.distribute._partitioned`` for the cost). The
+    cost model counts a partitioned layer at ``1 / len(group)`` of its
+    work; a partitioned layer is never split by rows with the previous
+    stage (``"layerpipe"``). ``evaluate`` and ``predict`` run a group's
+    stage on its first device.
+
     Args:
-      devices: device names, one per stage (e.g. ``["/cpu:0", "/cpu:1"]``);
-        default every logical GPU, or every logical CPU when there is none.
+      devices: one entry per stage: a device name (e.g. ``["/cpu:0",
+        "/cpu:1"]``), or a non-empty list of device names (a group) for a
+        stage whose SparseDense layers are partitioned over them; a group
+        on a stage without such layers raises ``ValueError``. Default every
+        logical GPU, or every logical CPU when there is none.
         ``"horovod"``: one stage per process under ``horovodrun`` (after
         ``hvd.init()``), activations and gradients over Horovod collectives
-        (see ``tfsparse.distribute._horovod``); ``evaluate`` and ``predict``
-        then run in every process on its own copy of the synchronised
-        model.
-      num_microbatches: micro-batches per mini-batch; must divide the batch.
+        (see ``tfsparse.distribute._horovod``). ``evaluate`` and ``predict``
+        are pipelined too: process ``r`` runs stage ``r``'s layers on every
+        micro-batch, the last stage computes the loss, metrics or outputs,
+        and every process returns them (every process must be fed the
+        same data, as in ``fit``).
+      num_microbatches: micro-batches per mini-batch; must divide the
+        training batch. ``evaluate`` and ``predict`` cut any other batch
+        (such as a smaller last one) into ``min(num_microbatches, rows)``
+        micro-batches that differ by at most one row.
       schedule: ``"gpipe"``, ``"1f1b"``, ``"pipedream"``, ``"layerpipe"`` or
         ``"async"`` (see ``tfsparse.distribute.schedules``).
       stages: optional explicit assignment: one list per device of layer
@@ -62,6 +93,17 @@ class PipelineStrategy:
         backward_weight)`` (e.g. from ``tfsparse.distribute.profile``) to
         balance the stages with, instead of the cost model.
       min_update_interval, max_in_flight: for ``"async"``.
+      partition: how stages on a group of devices partition their
+        SparseDense layers: a ``partition_rows`` method (``"hypergraph"``,
+        ``"graph"``, ``"block"``, ``"random"``); a ``tfsparse.partition.
+        Partition`` (when one stage has a group); or one entry per stage
+        (None, a method, a ``Partition``, or a list of ``Partition``, one
+        per run of consecutive SparseDense layers of the stage). The
+        partitions in use: ``model.pipeline.partitions()``.
+
+    Attributes:
+      devices: the device of every stage (a group's first device).
+      device_groups: every stage's devices, a tuple of tuples.
 
     Example:
       >>> import numpy as np
@@ -73,17 +115,35 @@ class PipelineStrategy:
       ...     model.compile("sgd", "mse")
       >>> history = model.fit(np.ones((8, 4)), np.zeros((8, 2)), batch_size=4,
       ...                     verbose=0)
+
+      A stage on two devices (logical CPUs made with
+      ``tf.config.set_logical_device_configuration``):
+
+      >>> import tfsparse
+      >>> strategy = PipelineStrategy(devices=[["/cpu:0", "/cpu:1"], "/cpu:0"],
+      ...                             num_microbatches=2, schedule="gpipe",
+      ...                             stages=[[0, 1], [2]])  # doctest: +SKIP
+      >>> with strategy.scope():  # doctest: +SKIP
+      ...     model = keras.Sequential([
+      ...         keras.Input((32,)),
+      ...         tfsparse.SparseDense(64, density=0.1, activation="relu"),
+      ...         tfsparse.SparseDense(64, density=0.1, activation="relu"),
+      ...         keras.layers.Dense(10)])
+      ...     model.compile("sgd", "mse")
     """
 
     def __init__(self, devices=None, num_microbatches=8, schedule="layerpipe",
                  stages=None, *, costs=None, min_update_interval=None,
-                 max_in_flight=None):
+                 max_in_flight=None, partition=DEFAULT_METHOD):
         self.num_microbatches = check_positive_int("num_microbatches", num_microbatches)
         self.schedule = check_choice("schedule", schedule, SCHEDULES)
         self._horovod = None
         if isinstance(devices, str) and devices == "horovod":
             self._horovod, devices = _horovod_devices()
-        self.devices = _check_devices(devices)
+        self.devices_argument = devices
+        self.device_groups = _check_devices(devices)
+        self.devices = [group[0] for group in self.device_groups]
+        self.partition = check_partition_argument(partition, self.device_groups)
         self.options = {}
         for name, value in (("min_update_interval", min_update_interval),
                             ("max_in_flight", max_in_flight)):
@@ -131,6 +191,9 @@ class PipelineStrategy:
         model.make_train_function = binding.make_train_function
         model.test_step = binding.test_step
         model.predict_step = binding.predict_step
+        if self._horovod is not None:  # window loops, see Binding.make_test_function
+            model.make_test_function = binding.make_test_function
+            model.make_predict_function = binding.make_predict_function
         model.pipeline = binding
 
     def simulate(self, model, batch_size, steps=1, costs=None, **kwargs):
@@ -176,14 +239,22 @@ def _horovod_devices():
 
 
 def _check_devices(devices):
+    """Every stage's devices (a tuple of tuples), or raises ``ValueError``."""
     available = tf.config.list_logical_devices()
     if devices is None:
         gpus = [d.name for d in available if d.device_type == "GPU"]
-        return gpus or [d.name for d in available if d.device_type == "CPU"]
+        names = gpus or [d.name for d in available if d.device_type == "CPU"]
+        return tuple((name,) for name in names)
     if isinstance(devices, str) or not isinstance(devices, (list, tuple)) or not devices:
         raise invalid("devices", "a non-empty list of device names", devices)
+    groups = tuple((entry,) if isinstance(entry, str) else
+                   tuple(entry) if isinstance(entry, (list, tuple)) else None
+                   for entry in devices)
+    if any(not group or not all(isinstance(d, str) for d in group) for group in groups):
+        raise invalid("devices", "a list with, per stage, a device name or a non-empty "
+                      "list of device names", devices)
     specs = [tf.DeviceSpec.from_string(d.name) for d in available]
-    for device in devices:
+    for device in (d for group in groups for d in group):
         try:
             wanted = tf.DeviceSpec.from_string(device)
         except (TypeError, ValueError):
@@ -198,4 +269,4 @@ def _check_devices(devices):
             names = ", ".join(d.name for d in available)
             raise invalid("devices", f"existing devices (this process has: {names})",
                           devices)
-    return list(devices)
+    return groups

@@ -43,9 +43,34 @@ def mlp():
     ])
 
 
-def train(strategy, optimizer, window):
+class SquaresPenalty(keras.layers.Layer):
+    """Identity that adds 0.05 x the mean over rows of the squared activations."""
+
+    def call(self, inputs):
+        self.add_loss(0.05 * tf.reduce_mean(tf.reduce_sum(tf.square(inputs), axis=1)))
+        return inputs
+
+
+def regularized_mlp():
+    # Stage 0 (layers 0 and 1) has every kind of penalty: a weight
+    # regularizer, an activity regularizer and an add_loss; stage 1 a bias
+    # regularizer. Each penalty is O(0.1) next to a loss of O(1).
+    keras.utils.set_random_seed(1)
+    return keras.Sequential([
+        keras.Input((12,)),
+        keras.layers.Dense(40, activation="relu",
+                           kernel_regularizer=keras.regularizers.L2(0.01),
+                           activity_regularizer=keras.regularizers.L1(0.01)),
+        SquaresPenalty(),
+        tfsparse.SparseDense(16, density=0.25, seed=3, activation="tanh"),
+        keras.layers.Dense(3, bias_initializer="ones",
+                           bias_regularizer=keras.regularizers.L2(0.1)),
+    ])
+
+
+def train(strategy, optimizer, window, network=mlp, evaluate_batch=12):
     def build():
-        model = mlp()
+        model = network()
         model.compile(optimizer(), keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                       metrics=["accuracy"], steps_per_execution=window)
         return model
@@ -56,12 +81,20 @@ def train(strategy, optimizer, window):
         with strategy.scope():
             model = build()
     history = model.fit(X, Y, batch_size=12, epochs=2, shuffle=False, verbose=0)
+    evaluated = model.evaluate(X, Y, batch_size=evaluate_batch, verbose=0)
     return {
         "weights": [w.tolist() for w in model.get_weights()],
         "loss": history.history["loss"],
-        "evaluate": model.evaluate(X, Y, batch_size=12, verbose=0),
+        "evaluate": evaluated,
         "plan": (model.pipeline.plan(3).stages if strategy is not None else None),
+        "penalty": penalty(model),
     }
+
+
+def penalty(model):
+    """Each layer's regularization losses on the first 12 rows (eagerly)."""
+    model(X[:12], training=False)
+    return [float(tf.add_n(layer.losses)) if layer.losses else 0.0 for layer in model.layers]
 
 
 def main(out):
@@ -80,6 +113,20 @@ def main(out):
                                               schedule=schedule), optimizer, window),
             "plain": train(None, optimizer, 1),
         }
+    # Regularization losses of stage 0 reach the loss that stage 1 reports,
+    # in fit and evaluate. 1F1B is synchronous, so it equals training
+    # without a pipeline; windows of 2 batches; evaluate in batches of 18, 18
+    # and 12 rows: micro-batches of 5, 5, 4, 4 rows weigh unequally.
+    stages = [[0, 1], [2, 3]]
+    results["regularized"] = {
+        "processes": train(PipelineStrategy(devices="horovod", num_microbatches=4,
+                                            schedule="1f1b", stages=stages),
+                           sgd, 2, regularized_mlp, 18),
+        "devices": train(PipelineStrategy(devices=["/cpu:0", "/cpu:1"], num_microbatches=4,
+                                          schedule="1f1b", stages=stages),
+                         sgd, 2, regularized_mlp, 18),
+        "plain": train(None, sgd, 1, regularized_mlp, 18),
+    }
     with open(os.path.join(out, f"rank{hvd.rank()}.json"), "w") as handle:
         json.dump(results, handle, default=list)
 

@@ -1,0 +1,180 @@
+"""PipelineStrategy with a stage row-partitioned over a group of devices.
+
+pipeline_partitioned_checks.py runs every check in a fresh process with four
+logical CPU devices; this module asserts on its JSON results.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                      "pipeline_partitioned_checks.py")
+TIMEOUT_S = 600
+# float32. A device sums each neuron's fan-in in its local input order and
+# the activation gradients of an input are summed across devices in another
+# order than one kernel does: a few ulps of the O(1) values per operation,
+# carried through 8 updates of step 0.1 (SGD) or 0.01 (Adam), far below 1e-5.
+TOLERANCE = dict(rtol=1e-5, atol=1e-5)
+EQUIVALENCE = ["first_gpipe_sgd", "first_layerpipe_adam", "first_async_sgd",
+               "last_gpipe_adam", "last_1f1b_sgd", "last_pipedream_sgd", "last_layerpipe_sgd"]
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    out = tmp_path_factory.mktemp("partitioned") / "results.json"
+    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
+    run = subprocess.run([sys.executable, SCRIPT, str(out)], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
+    with open(out) as handle:
+        return json.load(handle)
+
+
+def assert_weights_close(got, want):
+    assert len(got) == len(want)
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(np.array(a), np.array(b), **TOLERANCE)
+
+
+@pytest.mark.parametrize("key", EQUIVALENCE)
+def test_partitioned_stage_trains_like_the_unpartitioned_pipeline(results, key):
+    got, want = results[key]["grouped"], results[key]["reference"]
+    assert_weights_close(got["weights"], want["weights"])
+    np.testing.assert_allclose(got["history"]["loss"], want["history"]["loss"], rtol=1e-5)
+    assert got["history"]["accuracy"] == want["history"]["accuracy"]
+    assert got["stage_iterations"] == want["stage_iterations"]
+    assert got["borrowed"] == want["borrowed"]  # the same plan executed
+    assert got["iterations"] == 8  # 32 samples / 8 per batch * 2 epochs
+
+
+@pytest.mark.parametrize("key,optimizer", [("first_gpipe_sgd", "sgd"),
+                                           ("last_gpipe_adam", "adam")])
+def test_partitioned_gpipe_equals_training_with_gradient_accumulation(results, key,
+                                                                      optimizer):
+    got, plain = results[key]["grouped"], results[f"plain_{optimizer}"]
+    assert_weights_close(got["weights"], plain["weights"])
+    np.testing.assert_allclose(got["history"]["loss"], plain["history"]["loss"], rtol=1e-5)
+
+
+def test_layerpipe_borrows_rows_next_to_a_group(results):
+    got = results["first_layerpipe_borrowing"]
+    # Stage 0 (its SparseDense layers halved) computes rows of stage 1's
+    # Dense layer; one-step windows: plain training on the whole batch.
+    assert got["borrowed"][0] > 0
+    assert_weights_close(got["weights"], results["plain_sgd"]["weights"])
+
+
+def test_words_moved_per_layer_equal_the_partition(results):
+    volume = results["volume"]
+    assert sorted(volume) == ["sparse_1+sparse_2", "sparse_4"]
+    for run in volume.values():
+        assert run["k"] == 3
+        # Read off the traced graph: per later layer exactly the partition's
+        # predicted words per sample (its send counts).
+        assert run["measured_layers"] == run["predicted_layers"]
+        # The first layer reads the stage input on the group's first device:
+        # each other device receives the inputs its neurons reference.
+        assert run["measured_entry"] == run["predicted_entry"]
+        assert run["measured_exit"] == run["predicted_exit"]
+        entry, layers, exit_words = run["words_per_sample"]
+        assert (entry, layers, exit_words) == (run["predicted_entry"],
+                                              run["predicted_layers"],
+                                              run["predicted_exit"])
+        assert run["forward_total"] == entry + sum(layers) + exit_words
+        # The backward moves as many words back and no weight gradient leaves
+        # its device: forward + backward is exactly twice the forward.
+        assert run["training_total"] == 2 * run["forward_total"]
+        assert run["shard_devices"] == ["device:CPU:1", "device:CPU:2", "device:CPU:3"]
+    assert volume["sparse_1+sparse_2"]["predicted_layers"][0] > 0
+
+
+def test_weight_gradients_stay_on_their_device_in_training(results):
+    # In the training window's graph every consumer of a shard's weight
+    # gradient (accumulation, scaling, the optimizer) runs on its device.
+    assert results["weight_gradient_edges"] > 0
+    assert results["weight_gradient_edges_leaving"] == 0
+
+
+def test_partitioned_gradients_equal_one_kernel(results):
+    for run in results["volume"].values():
+        # float32 sums of at most 24 products of O(1) values in another order.
+        assert run["output_error"] < 1e-5
+        assert run["input_gradient_error"] < 1e-5
+        assert run["weight_gradient_error"] < 1e-5
+
+
+def test_training_graph_uses_every_device_of_the_group(results):
+    assert results["devices_used"] == ["device:CPU:0", "device:CPU:1", "device:CPU:2",
+                                       "device:CPU:3"]
+
+
+def test_save_checkpoint_evaluate_predict(results):
+    got = results["save"]
+    # One Keras variable per weight, as without the group: no shard is saved.
+    assert got["variables"] == got["plain_variables"]
+    assert_weights_close(got["loaded_weights"], got["weights"])
+    assert_weights_close(got["restored_weights"], got["weights"])
+    # Same layers, same weights, rows cut into micro-batches: same arithmetic.
+    np.testing.assert_allclose(got["predict"], got["plain_predict"], rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(got["loaded_predict"], got["predict"], rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(got["evaluate"], got["plain_evaluate"], rtol=1e-6)
+
+
+def test_weights_set_between_fits_are_trained_from(results):
+    got = results["set_weights"]
+    assert_weights_close(got["grouped"]["weights"], got["reference"]["weights"])
+
+
+def test_simulate_counts_a_group_at_its_share(results):
+    got = results["simulate"]
+    costs = [sum(c) for c in got["costs"]]
+    sparse = [0, 1, 2, 4]
+    for s, stage in enumerate(got["stages"]):
+        divisor = 2 if s == 0 else 1
+        want = sum(costs[i] / divisor if i in sparse else costs[i] for i in stage)
+        assert sum(got["stage_costs"][s]) == pytest.approx(want)
+    assert got["cycles"] > 0
+
+
+def test_explicit_partitions_are_used(results):
+    assert results["explicit"] is True
+
+
+def test_bad_inputs_raise_keras_style_errors(results):
+    errors = results["errors"]
+    assert errors["missing"] == (
+        'Received an invalid value for "devices", expected existing devices (this '
+        "process has: /device:CPU:0, /device:CPU:1, /device:CPU:2, /device:CPU:3). "
+        "Received: devices=[['/cpu:0', '/cpu:9'], '/cpu:1']")
+    assert errors["empty"] == (
+        'Received an invalid value for "devices", expected a list with, per stage, a '
+        "device name or a non-empty list of device names. Received: devices=[[], '/cpu:1']")
+    assert errors["method"].startswith(
+        'Received an invalid value for "partition", expected a method (\'hypergraph\', '
+        "'graph', 'block', 'random'), a Partition")
+    assert errors["method"].endswith("Received: partition='metis'")
+    assert errors["k"].startswith(
+        'Received an invalid value for "partition", expected Partitions into 2 parts for '
+        "stage 0 (its group of devices). Received: partition=Partition(method='hypergraph', "
+        "k=3, layers=3, ")
+    assert errors["single"].startswith(
+        'Received an invalid value for "partition", expected a method')
+    assert ("Received: partition=[None, Partition(method='hypergraph', k=2, layers=3, "
+            in errors["single"])
+    assert errors["no_sparse"] == (
+        'Received an invalid value for "devices", expected a group of devices only for a '
+        "stage with SparseDense layers to partition (an elementwise activation, no "
+        "regularizers or constraints); "
+        "stage 1 has dense_5. Received: devices=['/cpu:0', ['/cpu:1', '/cpu:2']]")
+    assert errors["count"].startswith(
+        'Received an invalid value for "partition", expected 2 Partitions for stage 0 (one '
+        "per run of consecutive SparseDense layers). Received: partition=(Partition(")
+    assert errors["sizes"].startswith(
+        'Received an invalid value for "partition", expected a Partition of layer sizes '
+        "[16, 16] for the SparseDense layers ['sparse_4']. Received: partition=Partition(")
