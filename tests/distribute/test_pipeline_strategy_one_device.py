@@ -7,6 +7,7 @@ import sys
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from tfsparse import keras
 from tfsparse.distribute import PipelineStrategy
@@ -100,6 +101,16 @@ def test_costs_for_the_wrong_number_of_layers():
         model.compile("sgd", "mse")
     with pytest.raises(ValueError, match=r'"costs", expected one triple per layer \(2\)'):
         model.fit(X, Y, batch_size=8, verbose=0)
+
+
+def test_a_loss_added_to_the_model_itself_is_refused_not_dropped():
+    strategy = PipelineStrategy(devices=["/cpu:0"], num_microbatches=2)
+    with strategy.scope():
+        model = chain()
+        model.add_loss(lambda: tf.reduce_sum(model.layers[0].kernel))
+        with pytest.raises(ValueError, match=r"not a loss added to the model itself\. "
+                                             r"Received: a model with 1 model.add_loss"):
+            model.compile("sgd", "mse")
 
 
 def test_horovod_devices_need_hvd_init():

@@ -118,3 +118,20 @@ def test_bad_group_arguments(kwargs, message):
     with pytest.raises(ValueError) as error:
         plan_stages([(1, 1, 1)] * 3, 2, **kwargs)
     assert str(error.value) == message
+
+
+def test_a_sparse_layer_left_unpartitioned_in_a_group_is_reported(caplog):
+    from tfsparse._keras import keras
+    from tfsparse.distribute._partitioned import find_runs
+    from tfsparse.layers import SparseDense
+
+    layers = [SparseDense(8, density=0.5, activation="relu"),
+              SparseDense(8, density=0.5, kernel_regularizer=keras.regularizers.L2(0.1)),
+              SparseDense(4, density=0.5, activation="softmax")]
+    with caplog.at_level("WARNING", logger="tfsparse"):
+        runs = find_runs(layers, [(0, 1, 2)], [("/cpu:0", "/cpu:1")], [["/cpu:0", "/cpu:1"]])
+    assert runs == [(0, (0,))]
+    unpartitioned = [r.getMessage() for r in caplog.records if "runs unpartitioned" in r.getMessage()]
+    assert len(unpartitioned) == 2
+    assert repr(layers[1].name) in unpartitioned[0] and "/cpu:0" in unpartitioned[0]
+    assert repr(layers[2].name) in unpartitioned[1]

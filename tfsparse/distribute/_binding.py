@@ -43,6 +43,15 @@ class Binding:
     # ------------------------------------------------------------ planning
     def layers(self):
         if self._layers is None:
+            if getattr(self.model, "_callable_losses", None):
+                # Each stage adds its own layers' losses; one added to the
+                # model as a whole belongs to no stage and would be lost.
+                raise ValueError(
+                    "PipelineStrategy adds the losses of the model's layers (their "
+                    "regularizers and add_loss calls) to the training loss, but not a "
+                    "loss added to the model itself. Received: a model with "
+                    f"{len(self.model._callable_losses)} model.add_loss loss(es); add it "
+                    "from a layer's call() or as a layer's regularizer instead.")
             layers = _costs.chain_layers(self.model)
             stages = self.strategy.num_stages
             if stages > len(layers):

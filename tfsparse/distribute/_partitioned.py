@@ -36,6 +36,8 @@ are picked up by the next window; writes from inside a window are not
 (nothing else writes them there).
 """
 
+import logging
+
 import numpy as np
 import scipy.sparse
 import tensorflow as tf
@@ -56,6 +58,7 @@ _ELEMENTWISE = frozenset(("linear", "relu", "relu6", "tanh", "sigmoid", "elu", "
                           "softplus", "softsign", "swish", "gelu", "exponential",
                           "hard_sigmoid", "mish"))
 DEFAULT_METHOD = "hypergraph"
+_logger = logging.getLogger("tfsparse")
 
 
 def partitionable(layer):
@@ -131,7 +134,14 @@ def find_runs(layers, stages, device_groups, devices_received):
         for index in group:
             if partitionable(layers[index]):
                 current.append(index)
-            elif current:
+                continue
+            if isinstance(layers[index], SparseDense):
+                _logger.warning(
+                    "tfsparse: SparseDense layer %r of stage %d runs unpartitioned on %s: "
+                    "only layers with an elementwise activation and no regularizers or "
+                    "constraints are partitioned over a group of devices.",
+                    layers[index].name, s, devices[0])
+            if current:
                 found.append(tuple(current))
                 current = []
         if current:
