@@ -215,3 +215,48 @@ def test_saved_model_export_uses_core_ops_only(tmp_path):
     np.testing.assert_array_equal(indices.numpy(), eager_indices.numpy())
     np.testing.assert_array_equal(values.numpy(), eager_values.numpy())
 
+
+
+@pytest.mark.parametrize("use_kernel", PATHS)
+@pytest.mark.parametrize("exclude_zeros", [True, False])
+def test_gamma_fit_of_magnitudes_spread_over_many_exponents(use_kernel, exclude_zeros):
+    # log-uniform |g| over 1e-8..1e8 (54 binary exponents), 30% zeros, and a
+    # size that leaves a partial block: the op sums ln|g| as exponents plus
+    # the log of a running product of mantissas; s ~ 15 here, where the
+    # threshold moves ~like s, so FLOAT32_RTOL checks mean(ln|g|) to ~1e-4 absolute.
+    rng = np.random.default_rng(10)
+    size = 70_001
+    g = (10.0 ** rng.uniform(-8, 8, size) * rng.choice([-1.0, 1.0], size)).astype(np.float32)
+    g[rng.random(size) < 0.3] = 0.0
+    values, indices, eta = sidco_select(
+        tf.constant(g), 0.01, 1, "gamma", exclude_zeros=exclude_zeros, use_kernel=use_kernel)
+    expected = reference_threshold(np.abs(g), 0.01, 1, "gamma", exclude_zeros)
+    assert float(eta) == pytest.approx(expected, rel=FLOAT32_RTOL)
+    _check_selection(g, values, indices, float(eta))
+
+
+@requires_kernels
+@pytest.mark.parametrize("magnitude", [0.3, 2.0, 1e-20])
+def test_gamma_fit_of_constant_magnitudes_is_their_mean(magnitude):
+    # s = ln(mean) - mean(ln|g|) must be exactly 0, or the threshold moves
+    # like sqrt(s): s = 1e-11 would put it 2.5e-5 above the mean. Zeros are
+    # excluded; 5 blocks of 2048 and a tail.
+    g = np.full(10_300, -magnitude, np.float32)
+    g[::7] = 0.0
+    _, indices, eta = sidco_select(tf.constant(g), 0.01, 1, "gamma", exclude_zeros=True, use_kernel=True)
+    # The op's mean: float block sums of equal values, added in double (~1e-7).
+    assert float(eta) == pytest.approx(float(np.float32(magnitude)), rel=3e-7)
+    assert indices.numpy().tolist() in ([1], np.flatnonzero(np.abs(g) > np.float32(float(eta))).tolist())
+
+
+@requires_kernels
+@pytest.mark.parametrize("ratio", [0.2, 0.025, 0.02, 0.01, 0.005, 0.001, 0.0001])
+def test_every_compaction_selects_exactly_the_elements_above(ratio):
+    # The op compacts by 16-lane compress or by bit scans with one or two
+    # branch-free copies per 64 elements, by the expected fraction of
+    # survivors (each method at least twice here); a size that is not
+    # a multiple of 64 leaves a tail for the scalar loop.
+    g = _gradient("laplace", 100_003, seed=11)
+    values, indices, eta = sidco_select(tf.constant(g), ratio, 1, "exponential", use_kernel=True)
+    _check_selection(g, values, indices, float(eta))
+    assert int(tf.size(indices)) == pytest.approx(ratio * g.size, rel=0.2, abs=5)

@@ -5,10 +5,41 @@ import tensorflow as tf
 from tfsparse.compression import _validation
 from tfsparse.compression import thresholds
 from tfsparse.compression.base import Compressor
+from tfsparse.compression.sidco_select import kernel_serves
 from tfsparse.compression.sidco_select import sidco_select
+from tfsparse.compression.sidco_select import sidco_select_adaptive
 
 QUALITY_BAND = (0.8, 1.2)
 MEMORY_WINDOWS = 10
+# The adaptation variable (float64, exact for its int32 and float32 entries):
+# [window_calls, window_quality, windows, qualities[0..max], recorded[0..max]],
+# as the fused op reads it (tfsparse/ops/kernels/sidco_adaptation.h).
+_WINDOW_FIELDS = 3
+
+
+def initial_adaptation(max_stages):
+    """The adaptation state before any call: an empty window, nothing recorded."""
+    slots = max_stages + 1
+    return [0.0] * _WINDOW_FIELDS + [0.0] * slots + [-1.0] * slots
+
+
+def unpack_adaptation(state, max_stages):
+    """`(window_calls, window_quality, windows, qualities, recorded)` of an adaptation vector."""
+    slots = max_stages + 1
+    state = tf.convert_to_tensor(state, tf.float64)
+    return (
+        tf.cast(state[0], tf.int32),
+        tf.cast(state[1], tf.float32),
+        tf.cast(state[2], tf.int32),
+        tf.cast(state[_WINDOW_FIELDS:_WINDOW_FIELDS + slots], tf.float32),
+        tf.cast(state[_WINDOW_FIELDS + slots:], tf.int32),
+    )
+
+
+def pack_adaptation(window_calls, window_quality, windows, qualities, recorded):
+    """The adaptation vector (float64) of `unpack_adaptation`'s parts."""
+    scalars = [tf.reshape(tf.cast(v, tf.float64), [1]) for v in (window_calls, window_quality, windows)]
+    return tf.concat(scalars + [tf.cast(qualities, tf.float64), tf.cast(recorded, tf.float64)], 0)
 
 
 def next_stage_count(stages, mean_quality, qualities, recorded, window, max_stages,
@@ -74,10 +105,13 @@ class SIDCo(Compressor):
     the tensor instead of a sort). With several stages, stage 1 keeps 25% and
     each later stage refits on the survivors. With ``adaptive=True`` the stage
     count is adjusted every ``adapt_every`` calls from the mean achieved/target
-    ratio (see `next_stage_count`). The state (stage count, call window)
-    lives in variables, so it works inside `tf.function` and is checkpointed.
-    Estimation and selection run in `sidco_select`: one fused compiled op on
-    CPU when tfsparse's kernels are built, pure TensorFlow elsewhere.
+    ratio (see `next_stage_count`). The state lives in two variables, the
+    stage count and the adaptation window (`unpack_adaptation`), so it works
+    inside `tf.function` and is checkpointed. Estimation and selection run in
+    `sidco_select`: one fused compiled op on CPU when tfsparse's kernels are
+    built, pure TensorFlow elsewhere; when the count adapts, the fused op also
+    applies the rule to the variables (`sidco_select_adaptive`), with the same
+    float32 arithmetic as `_observe`, so a call is a single op.
 
     Args:
         ratio: target fraction of elements sent, in (0, 1].
@@ -131,14 +165,9 @@ class SIDCo(Compressor):
         self._exclude_zeros = _validation.check_bool("exclude_zeros", exclude_zeros)
         with self.name_scope:
             self._stages = tf.Variable(stages, dtype=tf.int32, trainable=False, name="stages")
-            self._window_calls = tf.Variable(0, dtype=tf.int32, trainable=False, name="window_calls")
-            self._window_quality = tf.Variable(0.0, trainable=False, name="window_quality")
-            self._windows = tf.Variable(0, dtype=tf.int32, trainable=False, name="windows")
-            self._qualities = tf.Variable(
-                tf.zeros([self._max_stages + 1]), trainable=False, name="stage_qualities"
-            )
-            self._recorded = tf.Variable(
-                -tf.ones([self._max_stages + 1], tf.int32), trainable=False, name="stage_recorded"
+            self._adaptation = tf.Variable(
+                initial_adaptation(self._max_stages), dtype=tf.float64, trainable=False,
+                name="adaptation",
             )
 
     @property
@@ -155,34 +184,45 @@ class SIDCo(Compressor):
         return self._distribution
 
     def _compress(self, flat):
+        observe = self._adaptive and self._max_stages > 1 and self.ratio < self._first_ratio
+        if observe and kernel_serves(flat):
+            values, indices, _ = sidco_select_adaptive(
+                flat, self.ratio, self._stages, self._adaptation, self._distribution,
+                self._first_ratio, exclude_zeros=self._exclude_zeros,
+                adapt_every=self._adapt_every, max_stages=self._max_stages,
+                band=QUALITY_BAND, memory=MEMORY_WINDOWS,
+            )
+            return values, indices
         values, indices, _ = sidco_select(
             flat, self.ratio, self._stages, self._distribution, self._first_ratio,
-            exclude_zeros=self._exclude_zeros,
+            exclude_zeros=self._exclude_zeros, use_kernel=kernel_serves(flat),
         )
-        if self._adaptive and self._max_stages > 1 and self.ratio < self._first_ratio:
+        if observe:
             self._observe(tf.size(indices), self.target_count(tf.size(flat)))
         return values, indices
 
     def _observe(self, achieved, target):
+        """Counts a call that sent `achieved` of `target` elements; adapts after a window."""
+        calls, total, windows, qualities, recorded = unpack_adaptation(
+            self._adaptation, self._max_stages
+        )
         valid = achieved > 0
         quality = tf.cast(achieved, tf.float32) / tf.cast(tf.maximum(target, 1), tf.float32)
-        calls = self._window_calls.assign_add(tf.cast(valid, tf.int32))
-        total = self._window_quality.assign_add(tf.where(valid, quality, 0.0))
+        calls += tf.cast(valid, tf.int32)
+        total += tf.where(valid, quality, 0.0)
 
         def adapt():
-            stages, qualities, recorded = next_stage_count(
-                self._stages, total / tf.cast(calls, tf.float32), self._qualities,
-                self._recorded, self._windows, self._max_stages,
+            stages, new_qualities, new_recorded = next_stage_count(
+                self._stages, total / tf.cast(calls, tf.float32), qualities, recorded,
+                windows, self._max_stages,
             )
             self._stages.assign(stages)
-            self._qualities.assign(qualities)
-            self._recorded.assign(recorded)
-            self._windows.assign_add(1)
-            self._window_calls.assign(0)
-            self._window_quality.assign(0.0)
-            return tf.constant(True)
+            return pack_adaptation(0, 0.0, windows + 1, new_qualities, new_recorded)
 
-        tf.cond(calls >= self._adapt_every, adapt, lambda: tf.constant(False))
+        def keep():
+            return pack_adaptation(calls, total, windows, qualities, recorded)
+
+        self._adaptation.assign(tf.cond(calls >= self._adapt_every, adapt, keep))
 
     def get_config(self):
         config = super().get_config()

@@ -85,3 +85,23 @@ def sidco(flat, stages, ratio, first_ratio, distribution, exclude_zeros,
         exact_count_limit=exact_count_limit, sample_chunk=sample_chunk,
         sample_chunks=sample_chunks,
     )
+
+
+def sidco_adaptive(flat, stages, adaptation, ratio, first_ratio, distribution,
+                   exclude_zeros, exact_count_limit, sample_chunk, sample_chunks,
+                   max_stages, adapt_every, band_low, band_high, memory):
+    """The compiled adaptive SIDCo op: selects as ``sidco``, then updates the
+    ``stages`` (int32) and ``adaptation`` (float64) variables in place.
+
+    Returns ``(values, indices, threshold)``. See
+    ``tfsparse.compression.sidco_select.sidco_select_adaptive``.
+    """
+    return _library().tfsparse_sidco_adaptive(
+        flat, stages.handle, adaptation.handle,
+        tf.constant(ratio, tf.float64), tf.constant(first_ratio, tf.float64),
+        distribution=distribution, exclude_zeros=exclude_zeros,
+        exact_count_limit=exact_count_limit, sample_chunk=sample_chunk,
+        sample_chunks=sample_chunks, max_stages=max_stages,
+        adapt_every=adapt_every, band_low=band_low, band_high=band_high,
+        memory=memory,
+    )

@@ -6,11 +6,13 @@
 // computes the same estimate in as few passes as possible:
 //
 //   1. one pass accumulates sum |g|, and as the fit needs: sum g^2, the
-//      nonzero count, sum ln|g| (a vectorized logf, sidco_passes.h);
-//      the paper's gamma fit without exclude_zeros needs the mean inside the
-//      log, ln(|g| + eps * mean), and takes a second pass;
+//      nonzero count, sum ln|g| (binary exponents plus the log of a running
+//      mantissa product, sidco_passes.h); the paper's gamma fit without
+//      exclude_zeros needs the mean inside the log, ln(|g| + eps * mean),
+//      and takes a second pass;
 //   2. one pass copies the elements above the stage-1 threshold (values and
-//      int32 positions, ascending) into scratch segments, one per thread;
+//      int32 positions, ascending) into scratch segments, one per thread
+//      (16-lane compaction or bit scans, by the expected fraction kept);
 //   3. each later stage fits the survivors' moments (a pass over the
 //      segments only) and compacts them in place.
 //
@@ -19,13 +21,23 @@
 // of thresholds.py / base.py, in the same order; the sums are taken in
 // another order (float blocks added into doubles here, float32 trees in
 // TensorFlow), so the thresholds agree to float32 reduction-order tolerance,
-// and the positions are exactly those with |g| > float(threshold).
+// and the positions are exactly those with |g| > float(threshold). One
+// deliberate difference: constant magnitudes give the gamma fit s = 0
+// exactly here (as exact arithmetic), where TensorFlow's rounded mean can
+// leave s ~ 1e-8 and move the threshold by up to ~1e-2 relative.
 // Whole-tensor passes are split over at most num_threads parts of TensorFlow's
 // intra-op pool. sidco_estimators.h holds the closed forms, sidco_passes.h
 // the vectorized passes.
+//
+// TfsparseSidcoAdaptive is the same selection for an adaptive SIDCo: it
+// reads the stage count from SIDCo's variables and, after selecting, updates
+// them in place with the adaptive-stage rule (sidco_adaptation.h, a copy of
+// SIDCo._observe), so a compress call is one op instead of a read, the op,
+// and a dozen small ops with a tf.cond and six variable updates.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <memory>
 #include <mutex>
@@ -34,8 +46,11 @@
 
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/resource_mgr.h"
+#include "tensorflow/core/framework/resource_var.h"
 #include "tensorflow/core/framework/shape_inference.h"
 #include "tensorflow/core/util/work_sharder.h"
+#include "sidco_adaptation.h"
 #include "sidco_estimators.h"
 #include "sidco_passes.h"
 
@@ -55,6 +70,36 @@ REGISTER_OP("TfsparseSidco")
     .Attr("exact_count_limit: int")
     .Attr("sample_chunk: int")
     .Attr("sample_chunks: int")
+    .SetShapeFn([](shape_inference::InferenceContext* c) {
+      shape_inference::ShapeHandle flat;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 1, &flat));
+      c->set_output(0, c->Vector(c->UnknownDim()));
+      c->set_output(1, c->Vector(c->UnknownDim()));
+      c->set_output(2, c->Scalar());
+      return absl::OkStatus();
+    });
+
+REGISTER_OP("TfsparseSidcoAdaptive")
+    .Input("flat: T")
+    .Input("stages: resource")
+    .Input("adaptation: resource")
+    .Input("ratio: float64")
+    .Input("first_ratio: float64")
+    .Output("values: T")
+    .Output("indices: int32")
+    .Output("threshold: float64")
+    .Attr("T: {float, double}")
+    .Attr("distribution: {'exponential', 'gpareto', 'gamma'}")
+    .Attr("exclude_zeros: bool")
+    .Attr("exact_count_limit: int")
+    .Attr("sample_chunk: int")
+    .Attr("sample_chunks: int")
+    .Attr("max_stages: int >= 1")
+    .Attr("adapt_every: int >= 1")
+    .Attr("band_low: float")
+    .Attr("band_high: float")
+    .Attr("memory: int")
+    .SetIsStateful()
     .SetShapeFn([](shape_inference::InferenceContext* c) {
       shape_inference::ShapeHandle flat;
       TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 1, &flat));
@@ -101,6 +146,15 @@ class ScratchPool {
   std::vector<std::unique_ptr<Scratch<T>>> free_;
 };
 
+// OP_REQUIRES for a function that returns -1 on errors.
+#define SIDCO_REQUIRES(CTX, EXP, STATUS)               \
+  do {                                                 \
+    if (!TF_PREDICT_TRUE(EXP)) {                       \
+      (CTX)->CtxFailure(__FILE__, __LINE__, (STATUS)); \
+      return -1;                                       \
+    }                                                  \
+  } while (0)
+
 // Parts of at least this many elements are worth a thread (on 2 busy cores
 // a second thread did not pay below that, not even for the gamma fit's logs).
 constexpr int64_t kMinPart = 1 << 20;
@@ -124,22 +178,28 @@ class SidcoOp : public OpKernel {
   }
 
   void Compute(OpKernelContext* ctx) override {
+    Select(ctx, ctx->input(1).scalar<int32_t>()(),
+           ctx->input(2).scalar<double>()(), ctx->input(3).scalar<double>()());
+  }
+
+ protected:
+  // Selects from input 0 with `stages` stages into outputs 0 to 2; returns
+  // the number of elements sent (-1 after an error, set on ctx).
+  int64_t Select(OpKernelContext* ctx, int64_t stages, double ratio,
+                 double first_ratio) {
     const Tensor& flat = ctx->input(0);
-    OP_REQUIRES(ctx, flat.dims() == 1,
-                errors::InvalidArgument("flat must be 1-D, got shape ",
-                                        flat.shape().DebugString()));
-    OP_REQUIRES(ctx,
-                flat.NumElements() <= std::numeric_limits<int32_t>::max(),
-                errors::InvalidArgument("flat has more than 2**31 - 1 "
-                                        "elements"));
-    const int64_t stages = std::max<int64_t>(ctx->input(1).scalar<int32_t>()(), 1);
-    const double ratio = ctx->input(2).scalar<double>()();
-    const double first_ratio = ctx->input(3).scalar<double>()();
-    OP_REQUIRES(ctx, ratio > 0 && ratio <= 1 && first_ratio > 0 &&
-                         first_ratio <= 1,
-                errors::InvalidArgument("ratio and first_ratio must be in "
-                                        "(0, 1], got ", ratio, " and ",
-                                        first_ratio));
+    SIDCO_REQUIRES(ctx, flat.dims() == 1,
+                         errors::InvalidArgument("flat must be 1-D, got shape ",
+                                                 flat.shape().DebugString()));
+    SIDCO_REQUIRES(
+        ctx, flat.NumElements() <= std::numeric_limits<int32_t>::max(),
+        errors::InvalidArgument("flat has more than 2**31 - 1 elements"));
+    stages = std::max<int64_t>(stages, 1);
+    SIDCO_REQUIRES(ctx, ratio > 0 && ratio <= 1 && first_ratio > 0 &&
+                                  first_ratio <= 1,
+                         errors::InvalidArgument("ratio and first_ratio must "
+                                                 "be in (0, 1], got ", ratio,
+                                                 " and ", first_ratio));
     const T* x = flat.flat<T>().data();
     const int64_t n = flat.NumElements();
 
@@ -202,9 +262,10 @@ class SidcoOp : public OpKernel {
       // x + eps * mean (a second pass, now that the mean is known).
       const double safe_mean = mean > 0 ? mean : 1.0;
       // ln(mean) by the same log as the elements (float32 for float32, as
-      // thresholds.py), so constant magnitudes give s = 0 exactly.
+      // thresholds.py).
       const double log_mean = FastLog(static_cast<T>(safe_mean));
       double log_gap;
+      Sums logs = sums;
       if (exclude_zeros_) {
         log_gap =
             -(sums.logs - static_cast<double>(sums.positive) * log_mean) /
@@ -217,10 +278,14 @@ class SidcoOp : public OpKernel {
           log_sums[p] = RangeSums<T>(x, part_begin(p), part_end(p), false,
                                      false, true, offset);
         });
-        double total = 0;
-        for (const Sums& s : log_sums) total += s.logs;
-        log_gap = log_mean - total / fit_count;
+        logs = Sums();
+        for (const Sums& s : log_sums) logs.Add(s);
+        log_gap = log_mean - logs.logs / fit_count;
       }
+      // Constant magnitudes: s = 0 exactly, whatever the rounding of the
+      // sums and of the mean (near s = 0 the quantile moves like sqrt(s):
+      // s = 1e-11 would show at 2.5e-5), as in exact arithmetic.
+      if (logs.low == logs.high) log_gap = 0;
       eta = GammaThreshold(mean, std::max(log_gap, 0.0), first);
     }
     if (!(mean > 0)) eta = 0;
@@ -230,8 +295,12 @@ class SidcoOp : public OpKernel {
     std::vector<Segment<T>>& segments = scratch->segments;
     if (static_cast<int64_t>(segments.size()) < parts) segments.resize(parts);
     T cut = static_cast<T>(eta);
+    // The fraction of all elements stage 1 should keep (the fit's ratio of
+    // its `count` elements): it picks the compaction, nothing else.
+    const double expected = first * count / std::max<double>(n, 1);
     in_parallel([&](int64_t p) {
-      SelectRange<T>(x, part_begin(p), part_end(p), cut, &segments[p]);
+      SelectRange<T>(x, part_begin(p), part_end(p), cut, &segments[p],
+                     expected);
     });
     const bool exponential_later =
         distribution_ == Distribution::kExponential;
@@ -287,10 +356,19 @@ class SidcoOp : public OpKernel {
     Tensor* values = nullptr;
     Tensor* indices = nullptr;
     Tensor* threshold = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({total}), &values));
-    OP_REQUIRES_OK(ctx,
-                   ctx->allocate_output(1, TensorShape({total}), &indices));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({}), &threshold));
+    const auto release = [&] {
+      ScratchPool<T>::Get()->Release(std::move(scratch));
+    };
+    for (int output = 0; output < 3; ++output) {
+      Tensor** tensor = output == 0 ? &values : output == 1 ? &indices : &threshold;
+      const absl::Status status = ctx->allocate_output(
+          output, output < 2 ? TensorShape({total}) : TensorShape({}), tensor);
+      if (!status.ok()) {
+        release();
+        ctx->SetStatus(status);
+        return -1;
+      }
+    }
     threshold->scalar<double>()() = eta;
     T* out_values = values->flat<T>().data();
     int32_t* out_indices = indices->flat<int32_t>().data();
@@ -306,7 +384,8 @@ class SidcoOp : public OpKernel {
         offset += s.count;
       }
     }
-    ScratchPool<T>::Get()->Release(std::move(scratch));
+    release();
+    return total;
   }
 
  private:
@@ -334,6 +413,119 @@ class SidcoOp : public OpKernel {
   int64_t sample_chunks_;
 };
 
+// An initialized variable of `dtype` and `shape`, for the adaptive op.
+absl::Status CheckVariable(Var* var, DataType dtype, const TensorShape& shape,
+                           const char* name) {
+  if (!var->is_initialized) {
+    return errors::FailedPrecondition("SIDCo's ", name,
+                                      " variable is not initialized");
+  }
+  const Tensor& tensor = *var->tensor();
+  if (tensor.dtype() != dtype || tensor.shape() != shape) {
+    return errors::InvalidArgument(
+        "SIDCo's ", name, " variable must be ", DataTypeString(dtype), " ",
+        shape.DebugString(), ", got ", DataTypeString(tensor.dtype()), " ",
+        tensor.shape().DebugString());
+  }
+  return absl::OkStatus();
+}
+
+// The variable's tensor, to be written in place (with its lock held): when
+// a reader still holds the buffer (a ReadVariableOp aliases it), a copy
+// replaces it first, as TensorFlow's assign ops do.
+absl::Status WritableTensor(OpKernelContext* ctx, Var* var, Tensor** out) {
+  Tensor* tensor = var->tensor();
+  if (!tensor->RefCountIsOne()) {
+    Tensor copy;
+    TF_RETURN_IF_ERROR(
+        ctx->allocate_temp(tensor->dtype(), tensor->shape(), &copy));
+    std::memcpy(copy.data(), tensor->data(), tensor->TotalBytes());
+    *tensor = copy;
+  }
+  *out = tensor;
+  return absl::OkStatus();
+}
+
+// TfsparseSidcoAdaptive: SidcoOp with the stage count read from SIDCo's
+// `stages` variable, then the adaptive-stage rule applied to it and to the
+// `adaptation` variable (SIDCo._observe).
+template <typename T>
+class SidcoAdaptiveOp : public SidcoOp<T> {
+ public:
+  explicit SidcoAdaptiveOp(OpKernelConstruction* ctx) : SidcoOp<T>(ctx) {
+    int64_t max_stages = 0, adapt_every = 0, memory = 0;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("max_stages", &max_stages));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("adapt_every", &adapt_every));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("memory", &memory));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("band_low", &rule_.band_low));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("band_high", &rule_.band_high));
+    OP_REQUIRES(ctx, max_stages <= (1 << 20),
+                errors::InvalidArgument("max_stages too large: ", max_stages));
+    rule_.max_stages = static_cast<int32_t>(max_stages);
+    rule_.adapt_every = static_cast<int32_t>(adapt_every);
+    rule_.memory = static_cast<int32_t>(memory);
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    core::RefCountPtr<Var> stages_var, adaptation_var;
+    OP_REQUIRES_OK(ctx,
+                   LookupResource(ctx, HandleFromInput(ctx, 1), &stages_var));
+    OP_REQUIRES_OK(
+        ctx, LookupResource(ctx, HandleFromInput(ctx, 2), &adaptation_var));
+    const TensorShape scalar({});
+    const TensorShape vector({AdaptationSize(rule_.max_stages)});
+    int32_t stages = 0;
+    {
+      tf_shared_lock lock(*stages_var->mu());
+      OP_REQUIRES_OK(ctx,
+                     CheckVariable(stages_var.get(), DT_INT32, scalar, "stages"));
+      stages = stages_var->tensor()->scalar<int32_t>()();
+    }
+    const double ratio = ctx->input(3).scalar<double>()();
+    const int64_t sent =
+        this->Select(ctx, stages, ratio, ctx->input(4).scalar<double>()());
+    if (sent < 0) return;
+    // Compressor.target_count: max(round(n * ratio), min(n, 1)), rounding
+    // half to even as tf.round.
+    const double n = static_cast<double>(ctx->input(0).NumElements());
+    const int64_t target = static_cast<int64_t>(
+        std::max(std::nearbyint(n * ratio), std::min(n, 1.0)));
+
+    // Both variables locked in order of increasing mutex address.
+    mutex* first = stages_var->mu();
+    mutex* second = adaptation_var->mu();
+    OP_REQUIRES(ctx, first != second,
+                errors::InvalidArgument("stages and adaptation must be two "
+                                        "variables"));
+    if (second < first) std::swap(first, second);
+    mutex_lock first_lock(*first);
+    mutex_lock second_lock(*second);
+    OP_REQUIRES_OK(ctx,
+                   CheckVariable(stages_var.get(), DT_INT32, scalar, "stages"));
+    OP_REQUIRES_OK(ctx, CheckVariable(adaptation_var.get(), DT_DOUBLE, vector,
+                                      "adaptation"));
+    int32_t count = stages_var->tensor()->scalar<int32_t>()();
+    std::vector<double> state(
+        adaptation_var->tensor()->flat<double>().data(),
+        adaptation_var->tensor()->flat<double>().data() + vector.dim_size(0));
+    OP_REQUIRES(ctx, Observe(sent, target, rule_, &count, state.data()),
+                errors::InvalidArgument(
+                    "SIDCo's stage count must lie in [0, ", rule_.max_stages,
+                    "] when it adapts, got ", count));
+    Tensor* adaptation = nullptr;
+    OP_REQUIRES_OK(ctx, WritableTensor(ctx, adaptation_var.get(), &adaptation));
+    std::copy(state.begin(), state.end(), adaptation->flat<double>().data());
+    if (count != stages_var->tensor()->scalar<int32_t>()()) {
+      Tensor* stage_tensor = nullptr;
+      OP_REQUIRES_OK(ctx, WritableTensor(ctx, stages_var.get(), &stage_tensor));
+      stage_tensor->scalar<int32_t>()() = count;
+    }
+  }
+
+ private:
+  AdaptationRule rule_;
+};
+
 }  // namespace
 
 REGISTER_KERNEL_BUILDER(
@@ -342,3 +534,11 @@ REGISTER_KERNEL_BUILDER(
 REGISTER_KERNEL_BUILDER(
     Name("TfsparseSidco").Device(DEVICE_CPU).TypeConstraint<double>("T"),
     SidcoOp<double>);
+REGISTER_KERNEL_BUILDER(Name("TfsparseSidcoAdaptive")
+                            .Device(DEVICE_CPU)
+                            .TypeConstraint<float>("T"),
+                        SidcoAdaptiveOp<float>);
+REGISTER_KERNEL_BUILDER(Name("TfsparseSidcoAdaptive")
+                            .Device(DEVICE_CPU)
+                            .TypeConstraint<double>("T"),
+                        SidcoAdaptiveOp<double>);

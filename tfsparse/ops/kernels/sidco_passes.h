@@ -88,12 +88,17 @@ inline __m512 FastLog16(__m512 x) {
 struct Sums {
   double sum = 0, squares = 0, logs = 0;
   int64_t nonzero = 0, positive = 0;
+  // The least and largest log argument, to recognize constant magnitudes.
+  double low = std::numeric_limits<double>::infinity();
+  double high = -std::numeric_limits<double>::infinity();
   void Add(const Sums& o) {
     sum += o.sum;
     squares += o.squares;
     logs += o.logs;
     nonzero += o.nonzero;
     positive += o.positive;
+    low = std::min(low, o.low);
+    high = std::max(high, o.high);
   }
 };
 
@@ -102,15 +107,19 @@ constexpr int64_t kSumBlock = 2048;
 
 // Sums of |x| over [begin, end), with kSquares the sum of x^2, with kCount
 // the number of nonzeros, with kLog the sum of ln(|x| + log_offset) over the
-// elements where |x| + log_offset > 0 (their number in `positive`).
+// elements where |x| + log_offset > 0 (their number in `positive`, the
+// least and largest such argument in `low` and `high`).
 template <typename T, bool kSquares, bool kCount, bool kLog>
 Sums BlockSums(const T* x, int64_t begin, int64_t end, T log_offset) {
   Sums out;
+  T low = std::numeric_limits<T>::infinity();
+  T high = -std::numeric_limits<T>::infinity();
   for (int64_t b = begin; b < end; b += kSumBlock) {
     const int64_t e = std::min(end, b + kSumBlock);
     T s = 0, q = 0, c = 0, p = 0;
-    double l = 0;  // exact sums of equal logs: see LogSums16
-#pragma omp simd reduction(+ : s, q, l, c, p)
+    double l = 0;
+#pragma omp simd reduction(+ : s, q, l, c, p) reduction(min : low) \
+    reduction(max : high)
     for (int64_t i = b; i < e; ++i) {
       const T a = std::fabs(x[i]);
       s += a;
@@ -122,6 +131,8 @@ Sums BlockSums(const T* x, int64_t begin, int64_t end, T log_offset) {
         const bool use = shifted > T(0);
         l += use ? static_cast<double>(log) : 0.0;
         p += use ? T(1) : T(0);
+        low = use ? std::min(low, shifted) : low;
+        high = use ? std::max(high, shifted) : high;
       }
     }
     out.sum += s;
@@ -130,62 +141,93 @@ Sums BlockSums(const T* x, int64_t begin, int64_t end, T log_offset) {
     out.nonzero += static_cast<int64_t>(c);
     out.positive += static_cast<int64_t>(p);
   }
+  out.low = low;
+  out.high = high;
   return out;
 }
 
 #if defined(__AVX512F__)
-// The float log sums on 16 lanes; kCount: count the nonzeros, kOffset: add
-// log_offset before the log (else only positive elements count, in
-// `positive`). The logs of 8 vectors are added pairwise in float, then in
-// double: a sum of equal logs is then exact, so constant magnitudes give
-// s = 0 exactly, as in thresholds.py (near s = 0 the gamma quantile moves
-// like sqrt(s): an error of 1e-9 in s would show at 1e-4).
+// The float log sums on 16 lanes, as the log of a product: with
+// y = 2^e * m, m in [1, 2) (getexp / getmant, both exact), the sum of ln y is
+// ln 2 * sum e + ln(prod m). Per element that is two exact operations and a
+// multiplication instead of a 20-operation polynomial. The exponents add
+// exactly (in float within a block: at most 2048 * 149 < 2^24; then in
+// double); each multiplication rounds by at most 2^-24 relative, so the mean
+// of ln y is off by at most 6e-8 and in practice (independent roundings) by
+// ~1e-11, against ~4e-8 per element for FastLog. Four products of 32
+// mantissas (< 2^32) per block are renormalized into a running product in
+// [1, 2), whose log is taken once per lane at the end.
+// y = |x| + log_offset with kOffset, else |x|; as BlockSums, elements count
+// where y > 0 (NaN never does; their number in `positive`, their least and
+// largest y in `low` and `high`); kCount counts the nonzeros.
 template <bool kCount, bool kOffset>
 Sums LogSums16(const float* x, int64_t begin, int64_t end, float log_offset) {
   Sums out;
   const __m512 offset = _mm512_set1_ps(log_offset);
   const __m512 zero = _mm512_setzero_ps();
   const __m512 one = _mm512_set1_ps(1.0f);
+  __m512 running = one;  // product of all mantissas so far, renormalized
+  __m512d exps_low = _mm512_setzero_pd(), exps_high = _mm512_setzero_pd();
+  __m512 low = _mm512_set1_ps(std::numeric_limits<float>::infinity());
+  __m512 high = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   int64_t b = begin;
   for (; b + kSumBlock <= end; b += kSumBlock) {
-    __m512 s = zero, c = zero, p = zero;
-    __m512d l_low = _mm512_setzero_pd(), l_high = _mm512_setzero_pd();
-    for (int64_t g = b; g < b + kSumBlock; g += 128) {
-      __m512 log[8];
-      for (int k = 0; k < 8; ++k) {
+    __m512 s[4], c[4], p[4], e[4], m[4];
+    for (int k = 0; k < 4; ++k) s[k] = c[k] = p[k] = e[k] = zero, m[k] = one;
+    for (int64_t g = b; g < b + kSumBlock; g += 64) {
+      for (int k = 0; k < 4; ++k) {
         const __m512 a = _mm512_abs_ps(_mm512_loadu_ps(x + g + 16 * k));
-        s = _mm512_add_ps(s, a);
+        s[k] = _mm512_add_ps(s[k], a);
         if (kCount) {
-          c = _mm512_mask_add_ps(c, _mm512_cmp_ps_mask(a, zero, _CMP_NEQ_UQ),
-                                 c, one);
+          c[k] = _mm512_mask_add_ps(
+              c[k], _mm512_cmp_ps_mask(a, zero, _CMP_NEQ_UQ), c[k], one);
         }
-        if (kOffset) {
-          log[k] = FastLog16(_mm512_add_ps(a, offset));
-        } else {
-          const __mmask16 use = _mm512_cmp_ps_mask(a, zero, _CMP_GT_OQ);
-          log[k] = _mm512_maskz_mov_ps(use, FastLog16(a));
-          p = _mm512_mask_add_ps(p, use, p, one);
-        }
+        const __m512 y = kOffset ? _mm512_add_ps(a, offset) : a;
+        const __mmask16 use = _mm512_cmp_ps_mask(y, zero, _CMP_GT_OQ);
+        m[k] = _mm512_mask_mul_ps(
+            m[k], use, m[k],
+            _mm512_getmant_ps(y, _MM_MANT_NORM_1_2, _MM_MANT_SIGN_zero));
+        e[k] = _mm512_mask_add_ps(e[k], use, e[k], _mm512_getexp_ps(y));
+        p[k] = _mm512_mask_add_ps(p[k], use, p[k], one);
+        low = _mm512_mask_min_ps(low, use, low, y);
+        high = _mm512_mask_max_ps(high, use, high, y);
       }
-      const __m512 sum8 = _mm512_add_ps(
-          _mm512_add_ps(_mm512_add_ps(log[0], log[1]),
-                        _mm512_add_ps(log[2], log[3])),
-          _mm512_add_ps(_mm512_add_ps(log[4], log[5]),
-                        _mm512_add_ps(log[6], log[7])));
-      l_low = _mm512_add_pd(l_low,
-                            _mm512_cvtps_pd(_mm512_castps512_ps256(sum8)));
-      l_high = _mm512_add_pd(
-          l_high, _mm512_cvtps_pd(_mm256_castpd_ps(
-                      _mm512_extractf64x4_pd(_mm512_castps_pd(sum8), 1))));
     }
-    out.sum += _mm512_reduce_add_ps(s);
-    out.logs += _mm512_reduce_add_pd(_mm512_add_pd(l_low, l_high));
-    if (kCount) out.nonzero += static_cast<int64_t>(_mm512_reduce_add_ps(c));
-    if (!kOffset) {
-      out.positive += static_cast<int64_t>(_mm512_reduce_add_ps(p));
+    __m512 exps = _mm512_add_ps(_mm512_add_ps(e[0], e[1]),
+                                _mm512_add_ps(e[2], e[3]));
+    for (int k = 0; k < 4; ++k) {
+      exps = _mm512_add_ps(exps, _mm512_getexp_ps(m[k]));
+      running = _mm512_mul_ps(
+          running,
+          _mm512_getmant_ps(m[k], _MM_MANT_NORM_1_2, _MM_MANT_SIGN_zero));
     }
+    exps = _mm512_add_ps(exps, _mm512_getexp_ps(running));  // running < 32
+    running = _mm512_getmant_ps(running, _MM_MANT_NORM_1_2, _MM_MANT_SIGN_zero);
+    exps_low = _mm512_add_pd(exps_low,
+                             _mm512_cvtps_pd(_mm512_castps512_ps256(exps)));
+    exps_high = _mm512_add_pd(
+        exps_high, _mm512_cvtps_pd(_mm256_castpd_ps(
+                       _mm512_extractf64x4_pd(_mm512_castps_pd(exps), 1))));
+    out.sum += _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s[0], s[1]),
+                                                  _mm512_add_ps(s[2], s[3])));
+    if (kCount) {
+      out.nonzero += static_cast<int64_t>(_mm512_reduce_add_ps(
+          _mm512_add_ps(_mm512_add_ps(c[0], c[1]), _mm512_add_ps(c[2], c[3]))));
+    }
+    out.positive += static_cast<int64_t>(_mm512_reduce_add_ps(
+        _mm512_add_ps(_mm512_add_ps(p[0], p[1]), _mm512_add_ps(p[2], p[3]))));
   }
-  out.Add(BlockSums<float, false, true, true>(x, b, end, log_offset));
+  alignas(64) float mantissas[16];
+  _mm512_store_ps(mantissas, running);
+  double logs = (_mm512_reduce_add_pd(exps_low) +
+                 _mm512_reduce_add_pd(exps_high)) *
+                0.693147180559945309417232121458;
+  for (int k = 0; k < 16; ++k) logs += std::log(static_cast<double>(mantissas[k]));
+  out.logs = logs;
+  out.low = _mm512_reduce_min_ps(low);
+  out.high = _mm512_reduce_max_ps(high);
+  // The tail (under one block).
+  out.Add(BlockSums<float, false, kCount, true>(x, b, end, log_offset));
   return out;
 }
 #endif
@@ -305,13 +347,70 @@ inline void SelectRange16(const float* x, int64_t begin, int64_t end,
   }
   SelectRangePortable<float>(x, i, end, threshold, c, out);
 }
+
+// Compaction by bit scans, for sparse survivors: the 64 comparison bits of
+// 64 elements, then kUnconditional survivors copied without a branch (the
+// lowest set bit, or a harmless copy not counted when there is none), then
+// a loop for the rarely remaining others. Around 1% survivors the group
+// test of SelectRange16 is taken half of the time, unpredictably, unless
+// the branch predictor has learnt the very same tensor. Measured on 1M
+// Laplace elements, with gradients that change from call to call (as in
+// training): the whole op at 1% took 117-139 us (kUnconditional = 1)
+// against 213-226 us; on one tensor repeated, 112 against 106-113 us. The
+// pass alone: 52 vs 92 us at 0.5%, 68 vs 141 us at 1%, 85 (kUnconditional
+// = 2) vs 135 us at 2%.
+template <int kUnconditional>
+void SelectBits16(const float* x, int64_t begin, int64_t end, float threshold,
+                  Segment<float>* out) {
+  const __m512 t = _mm512_set1_ps(threshold);
+  int64_t c = 0;
+  out->Reserve(64);
+  int64_t i = begin;
+  for (; i + 64 <= end; i += 64) {
+    uint64_t mask = 0;
+    for (int k = 0; k < 4; ++k) {
+      const __m512 a = _mm512_abs_ps(_mm512_loadu_ps(x + i + 16 * k));
+      mask |= static_cast<uint64_t>(_mm512_cmp_ps_mask(a, t, _CMP_GT_OQ))
+              << (16 * k);
+    }
+    if (c + 64 > out->Capacity()) out->Reserve(c + 64);
+    float* values = out->values.data();
+    int32_t* indices = out->indices.data();
+    for (int u = 0; u < kUnconditional; ++u) {
+      const int j = __builtin_ctzll(mask | (uint64_t{1} << 63));
+      values[c] = x[i + j];
+      indices[c] = static_cast<int32_t>(i + j);
+      c += mask != 0 ? 1 : 0;
+      mask &= mask - 1;
+    }
+    while (mask != 0) {
+      const int j = __builtin_ctzll(mask);
+      values[c] = x[i + j];
+      indices[c] = static_cast<int32_t>(i + j);
+      ++c;
+      mask &= mask - 1;
+    }
+  }
+  SelectRangePortable<float>(x, i, end, threshold, c, out);
+}
 #endif
 
+// Appends the elements of x[begin, end) with |x| > threshold to `out`
+// (replacing its contents). `fraction`, the expected fraction of survivors,
+// only picks the fastest compaction (measured on 1M elements, see
+// SelectBits16): the 16-lane compaction below 0.2% and from 3%, bit scans
+// between.
 template <typename T>
 void SelectRange(const T* x, int64_t begin, int64_t end, T threshold,
-                 Segment<T>* out) {
+                 Segment<T>* out, double fraction = 1.0) {
 #if defined(__AVX512F__)
   if constexpr (std::is_same_v<T, float>) {
+    if (fraction >= 0.002 && fraction < 0.015) {
+      return SelectBits16<1>(x, begin, end, threshold, out);
+    }
+    if (fraction >= 0.015 && fraction < 0.03) {
+      return SelectBits16<2>(x, begin, end, threshold, out);
+    }
     return SelectRange16(x, begin, end, threshold, out);
   }
 #endif
