@@ -5,15 +5,14 @@ devices, so pipeline_strategy_checks.py runs every check in a fresh process
 and this module asserts on its JSON results.
 """
 
-import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import checks_subprocess
+from checks_subprocess import run_checks
+
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pipeline_strategy_checks.py")
 TIMEOUT_S = 300
 # float32 weights after 8 updates, gradients summed in a different order
@@ -24,19 +23,11 @@ TOLERANCE = dict(rtol=1e-5, atol=1e-5)
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    out = tmp_path_factory.mktemp("pipeline") / "results.json"
-    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
-    run = subprocess.run([sys.executable, SCRIPT, str(out)], cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=TIMEOUT_S)
-    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
-    with open(out) as handle:
-        return json.load(handle)
+    return run_checks(SCRIPT, tmp_path_factory.mktemp("pipeline") / "results.json", TIMEOUT_S)
 
 
 def assert_weights_close(got, want):
-    assert len(got) == len(want)
-    for a, b in zip(got, want):
-        np.testing.assert_allclose(np.array(a), np.array(b), **TOLERANCE)
+    checks_subprocess.assert_weights_close(got, want, **TOLERANCE)
 
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
