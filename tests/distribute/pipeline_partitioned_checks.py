@@ -259,6 +259,69 @@ def save_and_reload(results):
                               "reference": summary(reference, fit(reference, 1))}
 
 
+def _perturbed(weights, seed):
+    rng = np.random.default_rng(seed)
+    return [w + (0.1 * rng.normal(size=w.shape)).astype(w.dtype) if w.dtype.kind == "f"
+            else w for w in weights]
+
+
+def inference(results):
+    """evaluate and predict of a grouped stage: partitioned, plain Keras's results."""
+    x, y = X[:31], Y[:31]  # batches of 8, 8, 8 and 7 (micro-batches of 4 and 3)
+    out = {}
+    for config, stages, train in (("last", CONFIGS["last"][1], True), ("first", None, False)):
+        devices = CONFIGS[config][0]
+        _, model = pipelined(devices, stages, "gpipe", "sgd", 2)
+        if train:
+            # Weights written after training, while the shards still hold
+            # the trained ones: inference must read the layers' variables.
+            fit(model, 1)
+            model.set_weights(_perturbed(model.get_weights(), 5))
+        plain = mlp()
+        compile_(plain, "sgd")
+        plain.set_weights(model.get_weights())
+        out[config] = {
+            "predict": model.predict(x, batch_size=8, verbose=0).tolist(),
+            "plain_predict": plain.predict(x, batch_size=8, verbose=0).tolist(),
+            "evaluate": model.evaluate(x, y, batch_size=8, verbose=0),
+            "plain_evaluate": plain.evaluate(x, y, batch_size=8, verbose=0),
+            "runs": [[run.name, run.devices] for found in model.pipeline._runs.values()
+                     for run in found],
+        }
+    # The inference graphs of the "last" model (stage 1 on 3 devices): the
+    # partitioned layers' ops on every device of the group, and the words
+    # each run moves per sample those of the partition, as in training.
+    devices, stages = CONFIGS["last"]
+    _, model = pipelined(devices, stages, "gpipe", "sgd", 1)
+    pipeline = model.pipeline
+    batch = (tf.constant(X[:8]), tf.constant(Y[:8]), None)
+    predict = tf.function(pipeline.predict_window, autograph=False)
+    graph = predict.get_concrete_function([(batch[0], None, None)]).graph
+    evaluate = tf.function(pipeline.evaluate_window, autograph=False)
+    evaluate_graph = evaluate.get_concrete_function([batch]).graph
+    graphs = {}
+    for run in pipeline._stage_runs(pipeline.forward_stages()):
+        part = run.partition
+        names = [layer.name for layer in run.layers]
+        pattern = run.layers[0].pattern
+        entry = sum(np.unique(pattern.rows[part.owners[1][pattern.cols] == p]).size
+                    for p in range(1, part.k))
+        graphs[run.name] = {
+            # The first micro-batch's scopes (the second's are suffixed).
+            "measured_layers": [_cross_device_words(graph, f"partitioned_{n}")
+                                for n in names[1:]],
+            "predicted_layers": [int(v) for v in part.send.sum(axis=1)[1:]],
+            "measured_entry": _cross_device_words(graph, f"partitioned_{names[0]}"),
+            "predicted_entry": int(entry),
+            "devices": {kind: sorted({
+                op.device.split("/")[-1] for op in found.get_operations()
+                if op.device and any(op.name.startswith(f"partitioned_{n}/") for n in names)})
+                for kind, found in (("predict", graph), ("evaluate", evaluate_graph))},
+        }
+    out["graphs"] = graphs
+    results["inference"] = out
+
+
 def simulated(results):
     devices, stages = CONFIGS["first"]
     strategy, model = pipelined(devices, None, "gpipe", "sgd")
@@ -310,7 +373,7 @@ def bad_inputs(results):
 
 def main(path):
     results = {}
-    for check in (equivalence, volume, save_and_reload, simulated, bad_inputs):
+    for check in (equivalence, volume, save_and_reload, inference, simulated, bad_inputs):
         check(results)
     with open(path, "w") as handle:
         json.dump(results, handle)

@@ -111,10 +111,40 @@ def test_save_checkpoint_evaluate_predict(results):
     assert got["variables"] == got["plain_variables"]
     assert_weights_close(got["loaded_weights"], got["weights"])
     assert_weights_close(got["restored_weights"], got["weights"])
-    # Same layers, same weights, rows cut into micro-batches: same arithmetic.
+    # Same weights; the partitioned layers sum each neuron's fan-in (at most
+    # 24 products of O(1) values) in another order: a few float32 ulps.
     np.testing.assert_allclose(got["predict"], got["plain_predict"], rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(got["loaded_predict"], got["predict"], rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(got["evaluate"], got["plain_evaluate"], rtol=1e-6)
+
+
+@pytest.mark.parametrize("config", ["last", "first"])
+def test_evaluate_and_predict_of_a_grouped_stage_equal_plain_keras(results, config):
+    got = results["inference"][config]
+    # "last": trained, then new weights set (the shards still hold the
+    # trained ones); "first": no training (the runs are built while
+    # evaluate/predict trace). 31 rows: a last batch of 7 in micro-batches of
+    # 4 and 3. Partitioned layers sum each neuron's fan-in (at most 24
+    # products of O(1) values) in another order than one kernel: a few
+    # float32 ulps per layer through 6 layers, far below 1e-5.
+    assert len(got["predict"]) == 31
+    np.testing.assert_allclose(got["predict"], got["plain_predict"], **TOLERANCE)
+    np.testing.assert_allclose(got["evaluate"], got["plain_evaluate"], **TOLERANCE)
+    assert all(len(devices) > 1 for _, devices in got["runs"])
+
+
+def test_inference_is_partitioned_over_the_group(results):
+    graphs = results["inference"]["graphs"]
+    assert sorted(graphs) == ["sparse_1+sparse_2", "sparse_4"]
+    for run in graphs.values():
+        # Read off the traced predict graph: every device of the group runs
+        # the partitioned layers' ops, and each run moves per sample exactly
+        # the partition's words, as training's forward does.
+        for kind in ("predict", "evaluate"):
+            assert run["devices"][kind] == ["device:CPU:1", "device:CPU:2", "device:CPU:3"]
+        assert run["measured_layers"] == run["predicted_layers"]
+        assert run["measured_entry"] == run["predicted_entry"] > 0
+    assert graphs["sparse_1+sparse_2"]["predicted_layers"][0] > 0
 
 
 def test_weights_set_between_fits_are_trained_from(results):

@@ -105,9 +105,19 @@ class Binding:
 
     def partitioned_runs(self, plan):
         """The ``PartitionedLayers`` of the plan's stages on groups of devices."""
-        if plan.stages not in self._runs:
-            self._runs[plan.stages] = build_runs(self.layers(), plan.stages, self.strategy)
-        return self._runs[plan.stages]
+        return self._stage_runs(plan.stages)
+
+    def _stage_runs(self, stages):
+        stages = tuple(tuple(group) for group in stages)
+        if stages not in self._runs:
+            # Eager even while evaluate or predict traces: the partition
+            # reads the layers' patterns and the runs create their shards.
+            with tf.init_scope():
+                self._runs[stages] = build_runs(self.layers(), stages, self.strategy)
+        return self._runs[stages]
+
+    def _grouped(self):
+        return max(len(group) for group in self.strategy.device_groups) > 1
 
     def partitions(self):
         """``{stage: [Partition, ...]}``: per stage on a group of devices, the
@@ -207,8 +217,12 @@ class Binding:
         """Per stage, the layers it runs in ``evaluate`` and ``predict``.
 
         The explicit ``stages``, else whole layers balanced by the cost model
-        (the forward pass borrows no rows).
+        (the forward pass borrows no rows). With a stage on a group of
+        devices, training's stages, so that inference runs the partitions
+        training uses.
         """
+        if self._grouped():
+            return self.plan(1).stages
         return self._explicit_stages() or plan_stages(
             _costs.model_costs(self.model, 1), self.strategy.num_stages).stages
 
@@ -221,13 +235,16 @@ class Binding:
         """The model's output on ``x``, micro-batches pipelined over the stages.
 
         ``None`` in a process that does not run the last stage (Horovod).
-        ``penalties``: see ``pipelined_forward``.
+        ``penalties``: see ``pipelined_forward``. A stage on a group of
+        devices runs its partitioned layers partitioned, as in training.
         """
-        return pipelined_forward(x, self.layers(), self.forward_stages(),
+        stages = self.forward_stages()
+        runs = self._stage_runs(stages) if self._grouped() else ()
+        return pipelined_forward(x, self.layers(), stages,
                                  self.strategy.devices, self._inference(),
                                  self.strategy.num_microbatches,
                                  [] if pending is None else pending, first_microbatch,
-                                 penalties)
+                                 penalties, runs)
 
     def evaluate_window(self, batches):
         """Updates the loss and metrics with ``batches`` (a list of (x, y, weight)).

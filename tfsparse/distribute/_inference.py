@@ -15,11 +15,18 @@ A batch is cut into ``num_microbatches`` micro-batches when that divides it;
 any other batch (Keras feeds a smaller last one) into ``min(M, rows)``
 micro-batches whose sizes differ by at most one row, so every row is computed
 exactly once and the pipeline still overlaps the stages.
+
+A stage on a group of devices runs its partitioned SparseDense layers
+(``runs``, see ``tfsparse.distribute._partitioned``) as in training: each
+device computes its own neurons, with weights gathered from the Keras
+layers' variables once per batch.
 """
 
 import tensorflow as tf
 
 from tfsparse.distribute._executor import LocalTransport
+from tfsparse.distribute._executor import _replace_runs
+from tfsparse.distribute._partitioned import PartitionedLayers
 
 INFER_ACTIVATION = "infer_activation"
 INFER_OUTPUT = "infer_output"
@@ -51,14 +58,14 @@ def microbatch_sizes(rows, num_microbatches):
 
 
 def pipelined_forward(x, layers, groups, devices, transport, num_microbatches,
-                      pending, first_microbatch=0, penalties=None):
+                      pending, first_microbatch=0, penalties=None, runs=()):
     """The chain's output on ``x``, micro-batches pipelined over the stages.
 
     Args:
       x: the batch of inputs (a tensor).
       layers: the model's chain of layers.
       groups: per stage, the indices of its layers (contiguous, in order).
-      devices: per stage, its device.
+      devices: per stage, its device (a group's first device).
       transport: ``LocalInference`` or ``HorovodTransport``: which stages this
         process runs, and how activations travel between them.
       num_microbatches: the strategy's micro-batches per batch.
@@ -71,6 +78,8 @@ def pipelined_forward(x, layers, groups, devices, transport, num_microbatches,
         times its share of the batch's rows: their sum is the batch's
         penalty as the model would compute it on the whole batch (an
         activity regularizer divides by the rows of its call).
+      runs: the ``PartitionedLayers`` of the stages on groups of devices:
+        each replaces its layers in its stage (none under Horovod).
 
     Returns:
       The outputs of the last stage (the batch's rows, in order) in the
@@ -82,6 +91,10 @@ def pipelined_forward(x, layers, groups, devices, transport, num_microbatches,
                              num_microbatches)
     parts = tf.split(x, sizes, num=len(sizes) if isinstance(sizes, list) else num_microbatches)
     outbox, outputs = {}, []
+    items = [_replace_runs([layers[i] for i in group], group, runs) for group in groups]
+    # Gathered once per batch, each on its device, before any micro-batch.
+    weights = {id(run): run.inference_weights() for run in runs
+               if transport.runs(run.stage)}
     for offset, part in enumerate(parts):
         microbatch = first_microbatch + offset
         hidden = part
@@ -97,10 +110,16 @@ def pipelined_forward(x, layers, groups, devices, transport, num_microbatches,
                         lambda done=done, part=part: activation_spec(
                             layers, done, part.shape[0], part),
                         pending)
-                for index in group:
-                    hidden = layers[index](hidden, training=False)
+                for item in items[stage]:
+                    if isinstance(item, PartitionedLayers):
+                        hidden = item.infer(hidden, weights[id(item)])
+                    else:
+                        hidden = item(hidden, training=False)
                 if penalties is not None:
-                    _collect_penalty(penalties, [layers[i] for i in group], part, x)
+                    # A partitioned layer has no regularizer and is not called.
+                    _collect_penalty(penalties, [item for item in items[stage] if not
+                                                 isinstance(item, PartitionedLayers)],
+                                     part, x)
                 if stage < last:
                     key = (INFER_ACTIVATION, stage, microbatch, ())
                     outbox[key] = hidden

@@ -34,6 +34,12 @@ copy of the partitioned layers' weights in memory. Writes to the layer's
 variables between windows (``set_weights``, loading weights, callbacks)
 are picked up by the next window; writes from inside a window are not
 (nothing else writes them there).
+
+``evaluate`` and ``predict`` run the same partitioned forward (``infer``:
+same placement, same exchange, no tape) but read the layer's variables,
+not the shards: each call gathers every device's values and biases from
+them (about ``nnz`` words per layer per batch), so inference always sees
+the weights ``get_weights`` shows, with nothing to keep in sync.
 """
 
 import logging
@@ -341,6 +347,55 @@ class PartitionedLayers:
     # ------------------------------------------------------------- forward
     def record(self, inputs):
         """The run's forward on one micro-batch; returns a ``PartitionedRecord``."""
+        outputs, steps = self._forward(inputs, self._compute)
+        return PartitionedRecord(self, inputs, outputs, steps)
+
+    def inference_weights(self):
+        """The layers' current weights cut by device, for ``infer``.
+
+        Returns:
+          Per layer, per device: ``(values, bias)`` tensors (``bias`` None
+          without one) of the device's neurons, gathered from the Keras
+          layer's variables (not the shards, which only hold the weights
+          during a training window) and placed on the device: about ``nnz``
+          words moved per layer, once per call.
+        """
+        result = []
+        for layer, plans, index in zip(self.layers, self.plans, self._value_index):
+            per_device = []
+            for p, device in enumerate(self.devices):
+                with tf.device(layer.values.device):
+                    values = tf.gather(layer.values, index[p])
+                    bias = (None if layer.bias is None
+                            else tf.gather(layer.bias, plans[p].owned_outputs))
+                with tf.device(device):
+                    per_device.append((tf.identity(values),
+                                       None if bias is None else tf.identity(bias)))
+            result.append(per_device)
+        return result
+
+    def infer(self, inputs, weights):
+        """The run's outputs on ``inputs`` for ``evaluate`` and ``predict``.
+
+        The training forward's placement and exchange (each device computes
+        its own neurons from the entries they reference), with ``weights``
+        from ``inference_weights`` and no tape.
+        """
+        def compute(l, p, local):
+            values, bias = weights[l][p]
+            return (self._apply(l, p, local, values, bias),)
+
+        outputs, _ = self._forward(inputs, compute)
+        return outputs
+
+    def _forward(self, inputs, compute):
+        """Runs ``compute(l, p, local input)`` (a tuple ending with the
+        outputs) per layer and device, moving the entries each needs.
+
+        Returns:
+          The run's outputs on the first device, and per layer, per device,
+          what ``compute`` returned.
+        """
         primary, k = self.devices[0], len(self.devices)
         dtype = self.layers[0].compute_dtype
         x = tf.convert_to_tensor(inputs)
@@ -364,24 +419,27 @@ class PartitionedLayers:
                     with tf.device(device):
                         local = (tf.concat(pieces, axis=1) if len(pieces) > 1
                                  else tf.identity(pieces[0]))
-                        step.append(self._compute(l, p, local))
-            owned = [outputs for _, _, outputs in step]
+                        step.append(compute(l, p, local))
+            owned = [found[-1] for found in step]
             steps.append(step)
         with tf.name_scope("partitioned_output"), tf.device(primary):
             outputs = tf.gather(tf.concat(owned, axis=1), self._output_order[-1], axis=1)
-        return PartitionedRecord(self, inputs, outputs, steps)
+        return outputs, steps
 
     def _compute(self, l, p, local):
-        layer, dtype = self.layers[l], local.dtype
-        bias = self.biases[l][p]
         with tf.GradientTape(persistent=True) as tape:
             tape.watch(local)
-            outputs = sparse_matmul(local, tf.cast(self.values[l][p], dtype),
-                                    self._patterns[l][p],
-                                    bias=None if bias is None else tf.cast(bias, dtype))
-            if layer.activation is not None:
-                outputs = layer.activation(outputs)
+            outputs = self._apply(l, p, local, self.values[l][p], self.biases[l][p])
         return tape, local, outputs
+
+    def _apply(self, l, p, local, values, bias):
+        """Device ``p``'s neurons of layer ``l`` on its local input."""
+        layer, dtype = self.layers[l], local.dtype
+        outputs = sparse_matmul(local, tf.cast(values, dtype), self._patterns[l][p],
+                                bias=None if bias is None else tf.cast(bias, dtype))
+        if layer.activation is not None:
+            outputs = layer.activation(outputs)
+        return outputs
 
 
 class PartitionedRecord:
