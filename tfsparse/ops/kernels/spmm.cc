@@ -288,20 +288,19 @@ bool SegmentPointers(const int32_t* seg, int64_t nnz, int64_t units,
   if (seg[0] < 0 || seg[nnz - 1] >= units) return false;
   std::fill(ptr, ptr + seg[0] + 1, 0);
   // A boundary between k - 1 and k: columns seg[k - 1] + 1 .. seg[k] start at
-  // k. (Clamped: an unsorted seg may hold anything before it is rejected.)
+  // k. Boundaries are only taken while seg is sorted so far, so the writes
+  // cover each column at most once; the clamp keeps an entry past `units` in
+  // the middle (rejected by the final check) inside ptr.
   auto boundary = [&](int64_t k) {
     const int64_t last = std::min<int64_t>(seg[k], units);
-    for (int64_t j = std::max<int64_t>(seg[k - 1], -1) + 1; j <= last; ++j) {
-      ptr[j] = k;
-    }
+    for (int64_t j = int64_t{seg[k - 1]} + 1; j <= last; ++j) ptr[j] = k;
   };
-  bool sorted = true;
   int64_t k = 1;
 #if defined(__AVX512F__)
   for (; k + 16 <= nnz; k += 16) {
     const __m512i before = _mm512_loadu_si512(seg + k - 1);
     const __m512i after = _mm512_loadu_si512(seg + k);
-    sorted &= _mm512_cmpgt_epi32_mask(before, after) == 0;
+    if (_mm512_cmpgt_epi32_mask(before, after) != 0) return false;
     for (uint32_t m = _mm512_cmpneq_epi32_mask(before, after); m != 0;
          m &= m - 1) {
       boundary(k + __builtin_ctz(m));
@@ -309,10 +308,9 @@ bool SegmentPointers(const int32_t* seg, int64_t nnz, int64_t units,
   }
 #endif
   for (; k < nnz; ++k) {
-    sorted &= seg[k - 1] <= seg[k];
+    if (seg[k - 1] > seg[k]) return false;
     if (seg[k - 1] < seg[k]) boundary(k);
   }
-  if (!sorted) return false;
   std::fill(ptr + seg[nnz - 1] + 1, ptr + units + 1, nnz);
   return true;
 }
