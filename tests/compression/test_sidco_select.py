@@ -89,6 +89,19 @@ def _check_selection(g, values, indices, threshold):
     np.testing.assert_array_equal(values.numpy(), g[expected])
 
 
+def _select_and_check(g, ratio, stages, distribution, exclude_zeros, use_kernel,
+                      rel=FLOAT32_RTOL):
+    """Runs sidco_select on g; checks its threshold against the NumPy reference
+    (to ``rel``) and its selection against that threshold. Returns its outputs."""
+    values, indices, eta = sidco_select(
+        tf.constant(g), ratio, stages, distribution, exclude_zeros=exclude_zeros,
+        use_kernel=use_kernel)
+    expected = reference_threshold(np.abs(g), ratio, stages, distribution, exclude_zeros)
+    assert float(eta) == pytest.approx(expected, rel=rel)
+    _check_selection(g, values, indices, float(eta))
+    return values, indices, eta
+
+
 @pytest.mark.parametrize("use_kernel", PATHS)
 @pytest.mark.parametrize("distribution", DISTRIBUTIONS)
 @pytest.mark.parametrize("stages", [1, 3])
@@ -96,27 +109,17 @@ def _check_selection(g, values, indices, threshold):
 @pytest.mark.parametrize("family", ["laplace", "normal", "dead_student_t3"])
 def test_matches_numpy_reference(use_kernel, distribution, stages, exclude_zeros, family):
     g = _gradient(family, 60_000, seed=len(family))
-    values, indices, eta = sidco_select(
-        tf.constant(g), 0.01, stages, distribution, exclude_zeros=exclude_zeros, use_kernel=use_kernel
-    )
-    expected = reference_threshold(np.abs(g), 0.01, stages, distribution, exclude_zeros)
+    _, _, eta = _select_and_check(g, 0.01, stages, distribution, exclude_zeros, use_kernel)
     assert eta.dtype == tf.float64
-    assert float(eta) == pytest.approx(expected, rel=FLOAT32_RTOL)
-    _check_selection(g, values, indices, float(eta))
 
 
 @pytest.mark.parametrize("use_kernel", PATHS)
 @pytest.mark.parametrize("distribution", DISTRIBUTIONS)
 def test_float64_matches_numpy_reference_closely(use_kernel, distribution):
     g = _gradient("dead_student_t3", 50_000, seed=3, dtype=np.float64)
-    values, indices, eta = sidco_select(
-        tf.constant(g), 0.001, 2, distribution, exclude_zeros=True, use_kernel=use_kernel
-    )
     # float64 sums on all sides, in different orders: ~1e-13 relative.
-    expected = reference_threshold(np.abs(g), 0.001, 2, distribution, True)
-    assert float(eta) == pytest.approx(expected, rel=1e-9)
+    values, _, _ = _select_and_check(g, 0.001, 2, distribution, True, use_kernel, rel=1e-9)
     assert values.dtype == tf.float64
-    _check_selection(g, values, indices, float(eta))
 
 
 
@@ -129,11 +132,7 @@ def test_gamma_fit_of_tightly_spread_magnitudes(use_kernel, exclude_zeros):
     # (errors ~1e-7 each, averaging out) keep s to ~1e-6 relative.
     rng = np.random.default_rng(9)
     g = (rng.uniform(1.0, 1.5, 60_000) * rng.choice([-1.0, 1.0], 60_000)).astype(np.float32)
-    values, indices, eta = sidco_select(
-        tf.constant(g), 0.01, 1, "gamma", exclude_zeros=exclude_zeros, use_kernel=use_kernel)
-    expected = reference_threshold(np.abs(g), 0.01, 1, "gamma", exclude_zeros)
-    assert float(eta) == pytest.approx(expected, rel=FLOAT32_RTOL)
-    _check_selection(g, values, indices, float(eta))
+    _select_and_check(g, 0.01, 1, "gamma", exclude_zeros, use_kernel)
 
 @requires_kernels
 @pytest.mark.parametrize("distribution", DISTRIBUTIONS)
@@ -228,11 +227,7 @@ def test_gamma_fit_of_magnitudes_spread_over_many_exponents(use_kernel, exclude_
     size = 70_001
     g = (10.0 ** rng.uniform(-8, 8, size) * rng.choice([-1.0, 1.0], size)).astype(np.float32)
     g[rng.random(size) < 0.3] = 0.0
-    values, indices, eta = sidco_select(
-        tf.constant(g), 0.01, 1, "gamma", exclude_zeros=exclude_zeros, use_kernel=use_kernel)
-    expected = reference_threshold(np.abs(g), 0.01, 1, "gamma", exclude_zeros)
-    assert float(eta) == pytest.approx(expected, rel=FLOAT32_RTOL)
-    _check_selection(g, values, indices, float(eta))
+    _select_and_check(g, 0.01, 1, "gamma", exclude_zeros, use_kernel)
 
 
 @requires_kernels
