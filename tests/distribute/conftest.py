@@ -1,4 +1,4 @@
 import pathlib
 import sys
 
-sys.path.insert(0, str(pathlib.Path(__file__).parent))  # checks_subprocess helper
+sys.path.insert(0, str(pathlib.Path(__file__).parent))  # checks_subprocess, stage_partitions helpers

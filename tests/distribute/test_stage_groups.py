@@ -1,7 +1,5 @@
 """Stage planning with stages on groups of devices (partitioned layers)."""
 
-import itertools
-
 import numpy as np
 import pytest
 
@@ -10,21 +8,8 @@ from tfsparse.distribute import simulate
 from tfsparse.distribute.stages import StagePlan
 from tfsparse.distribute.stages import _borrowing
 from tfsparse.distribute.stages import _layer_shares
-
-
-def all_partitions(n, p):
-    for cuts in itertools.combinations(range(1, n), p - 1):
-        bounds = (0,) + cuts + (n,)
-        yield tuple(tuple(range(a, b)) for a, b in zip(bounds, bounds[1:]))
-
-
-def partitions_with_empty_stages(n, p):
-    for cuts in itertools.combinations_with_replacement(range(0, n + 1), p - 1):
-        bounds = (0,) + cuts + (n,)
-        groups = [tuple(range(a, b)) for a, b in zip(bounds, bounds[1:])]
-        if not groups[-1] or any(not a and not b for a, b in zip(groups, groups[1:])):
-            continue
-        yield tuple(groups)
+from stage_partitions import all_partitions
+from stage_partitions import partitions_with_empty_stages
 
 
 def case(seed, n, p):

@@ -1,30 +1,13 @@
 """Stage assignment: the min-max partition and LayerPipe's row borrowing."""
 
-import itertools
-
 import numpy as np
 import pytest
 
 from tfsparse.distribute import plan_stages
 from tfsparse.distribute.stages import StagePlan
 from tfsparse.distribute.stages import _borrowing
-
-
-def all_partitions(n, p):
-    for cuts in itertools.combinations(range(1, n), p - 1):
-        bounds = (0,) + cuts + (n,)
-        yield tuple(tuple(range(a, b)) for a, b in zip(bounds, bounds[1:]))
-
-
-def partitions_with_empty_stages(n, p):
-    """Partitions where a stage other than the last may own no layer (it then
-    borrows rows of the next stage's first layer), never two empty in a row."""
-    for cuts in itertools.combinations_with_replacement(range(0, n + 1), p - 1):
-        bounds = (0,) + cuts + (n,)
-        groups = [tuple(range(a, b)) for a, b in zip(bounds, bounds[1:])]
-        if not groups[-1] or any(not a and not b for a, b in zip(groups, groups[1:])):
-            continue
-        yield tuple(groups)
+from stage_partitions import all_partitions
+from stage_partitions import partitions_with_empty_stages
 
 
 def random_costs(seed, n):
