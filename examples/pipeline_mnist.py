@@ -9,6 +9,12 @@ predicts every schedule with the simulator (cycles, bubble, Gantt chart of
 the chosen one), then trains the 784-512-256-10 MLP (SparseDense hidden
 layers) with ``model.fit`` on the chosen schedule, evaluates it, saves it
 and checks the reloaded model predicts the same.
+
+One stage per process, over Horovod, each stage's SparseDense layers
+partitioned over two local devices (``--local-devices 1``: one device each):
+
+    horovodrun -np 2 -H localhost:2 --gloo python examples/pipeline_mnist.py \
+        --horovod --local-devices 2
 """
 
 import argparse
@@ -23,12 +29,12 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 
-def make_devices(use_gpus):
+def make_devices(use_gpus, count=2):
     if use_gpus and tf.config.list_physical_devices("GPU"):
         return [d.name for d in tf.config.list_logical_devices("GPU")]
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(
-        cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+        cpu, [tf.config.LogicalDeviceConfiguration()] * count)
     return [d.name for d in tf.config.list_logical_devices("CPU")]
 
 
@@ -39,10 +45,16 @@ def main():
     parser.add_argument("--microbatches", type=int, default=4)
     parser.add_argument("--batch-size", type=int, default=80)
     parser.add_argument("--gpus", action="store_true")
+    parser.add_argument("--horovod", action="store_true",
+                        help="one stage per horovodrun process")
+    parser.add_argument("--local-devices", type=int, default=1,
+                        help="with --horovod: devices per process (CPUs are split)")
     parser.add_argument("--out", default="out/pipeline_mnist")
     args = parser.parse_args()
-    devices = make_devices(args.gpus)  # before TensorFlow initialises its devices
+    # Before TensorFlow initialises its devices.
+    devices = make_devices(args.gpus, args.local_devices if args.horovod else 2)
 
+    import tfsparse  # noqa: F401  (selects tf_keras before Horovod imports Keras)
     from tfsparse import SparseDense
     from tfsparse import keras
     from tfsparse.data import load_mnist_sample
@@ -65,22 +77,35 @@ def main():
             keras.layers.Dense(10),
         ])
 
-    rows = args.batch_size // args.microbatches
-    costs = profile(build(), x_train[:rows])
-    print(f"Devices: {devices}")
-    print("Measured seconds per micro-batch (forward, activation gradient, weight gradient):")
-    for index, triple in enumerate(costs):
-        print(f"  layer {index}: " + ", ".join(f"{c * 1e3:.3f} ms" for c in triple))
-    steps = 10
-    print(f"\nSimulated, {len(devices)} stages, {args.microbatches} micro-batches, "
-          f"windows of {steps} steps:")
-    for name in SCHEDULES:
-        result = simulate(name, costs, len(devices), args.microbatches, steps)
-        print(f"  {name:9s} {result.cycles * 1e3:8.2f} ms  bubble {result.bubble_fraction:6.1%}"
-              f"  peak activations {list(result.peak_activations)}")
+    rank, say = 0, print
+    if args.horovod:
+        import horovod.tensorflow as hvd
 
-    strategy = PipelineStrategy(devices=devices, num_microbatches=args.microbatches,
-                                schedule=args.schedule, costs=costs)
+        hvd.init()
+        rank, stages = hvd.rank(), hvd.size()
+        local = devices[:args.local_devices]
+        placement = dict(devices="horovod", local_devices=local)
+        say = print if rank == 0 else (lambda *a, **k: None)
+        say(f"{stages} processes, one stage each, on {local} in every process")
+    else:
+        stages, placement = len(devices), dict(devices=devices)
+        print(f"Devices: {devices}")
+
+    rows = args.batch_size // args.microbatches
+    costs = profile(build(), x_train[:rows])  # under Horovod, rank 0's are used
+    say("Measured seconds per micro-batch (forward, activation gradient, weight gradient):")
+    for index, triple in enumerate(costs):
+        say(f"  layer {index}: " + ", ".join(f"{c * 1e3:.3f} ms" for c in triple))
+    steps = 10
+    say(f"\nSimulated, {stages} stages, {args.microbatches} micro-batches, "
+        f"windows of {steps} steps:")
+    for name in SCHEDULES:
+        result = simulate(name, costs, stages, args.microbatches, steps)
+        say(f"  {name:9s} {result.cycles * 1e3:8.2f} ms  bubble {result.bubble_fraction:6.1%}"
+            f"  peak activations {list(result.peak_activations)}")
+
+    strategy = PipelineStrategy(num_microbatches=args.microbatches, schedule=args.schedule,
+                                costs=costs, **placement)
     with strategy.scope():
         model = build()
         model.compile(keras.optimizers.Adam(1e-3),
@@ -88,13 +113,22 @@ def main():
                       metrics=["accuracy"], steps_per_execution=steps)
     os.makedirs(args.out, exist_ok=True)
     prediction = strategy.simulate(model, args.batch_size, steps=steps)
-    chart = plot_gantt(prediction, os.path.join(args.out, f"gantt_{args.schedule}.png"))
-    print(f"\nPlan: stages {prediction.plan.stages}, rows borrowed "
-          f"{[round(b, 3) for b in prediction.plan.borrowed]}; Gantt chart: {chart}")
+    if rank == 0:
+        chart = plot_gantt(prediction, os.path.join(args.out, f"gantt_{args.schedule}.png"))
+        print(f"\nPlan: stages {prediction.plan.stages}, rows borrowed "
+              f"{[round(b, 3) for b in prediction.plan.borrowed]}; Gantt chart: {chart}")
 
-    model.fit(x_train, y_train, batch_size=args.batch_size, epochs=args.epochs, verbose=2)
+    model.fit(x_train, y_train, batch_size=args.batch_size, epochs=args.epochs,
+              verbose=2 if rank == 0 else 0)
+    # Under Horovod every process gets the same results (and weights).
     loss, accuracy = model.evaluate(x_test, y_test, batch_size=500, verbose=0)
-    print(f"\n{args.schedule}: test accuracy {accuracy:.2%} after {args.epochs} epochs")
+    say(f"\n{args.schedule}: test accuracy {accuracy:.2%} after {args.epochs} epochs")
+    for stage, parts in model.pipeline.partitions().items() if args.horovod else ():
+        print(f"rank {rank}: stage {stage} partitioned into "
+              + ", ".join(f"{p.k} parts ({p.volume} words per sample)" for p in parts))
+    if rank != 0:
+        model.predict(x_test[:100], verbose=0)  # rank 0's predict needs every stage
+        return
     path = os.path.join(args.out, "model.keras")
     model.save(path)
     loaded = keras.models.load_model(path)

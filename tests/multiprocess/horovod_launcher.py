@@ -1,7 +1,8 @@
 """Runs a test script under a real ``horovodrun -np N -H localhost:N --gloo``.
 
-The script gets the output folder as its first argument and writes
-``rank{r}.json`` there for every rank; ``run_ranks`` returns those results.
+``run_script`` returns the job's output. For ``run_ranks`` the script gets the
+output folder as its first argument and writes ``rank{r}.json`` there for
+every rank; ``run_ranks`` returns those results.
 """
 
 import json
@@ -16,17 +17,23 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 _BESIDE_PYTHON = os.path.join(os.path.dirname(sys.executable), "horovodrun")
 
 
-def run_ranks(script, out, size=2, args=(), timeout=400):
-    """Runs ``script out *args`` on ``size`` ranks; returns each rank's JSON result."""
+def run_script(script, args=(), size=2, timeout=400):
+    """Runs ``script *args`` on ``size`` ranks; returns its stdout (exit 0 asserted)."""
     launcher = _BESIDE_PYTHON if os.path.exists(_BESIDE_PYTHON) else shutil.which("horovodrun")
     if launcher is None:
         pytest.skip("horovodrun is not installed (Horovod missing)")
     env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
     command = [launcher, "-np", str(size), "-H", f"localhost:{size}", "--gloo",
-               sys.executable, str(script), str(out), *(str(a) for a in args)]
+               sys.executable, str(script), *(str(a) for a in args)]
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=timeout)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    return done.stdout
+
+
+def run_ranks(script, out, size=2, args=(), timeout=400):
+    """Runs ``script out *args`` on ``size`` ranks; returns each rank's JSON result."""
+    run_script(script, (out, *args), size, timeout)
     results = []
     for rank in range(size):
         with open(os.path.join(out, f"rank{rank}.json")) as handle:

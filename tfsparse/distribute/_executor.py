@@ -75,8 +75,9 @@ class PipelineExecutor:
         self.options = dict(options)
         self.stage_costs = stage_costs
         self.runs = list(runs)
-        self.stage_layers = [_replace_runs([layers[i] for i in group], group, self.runs)
-                             for group in plan.stages]
+        self.keras_layers = [[layers[i] for i in group] for group in plan.stages]
+        self.stage_layers = [_replace_runs(group_layers, group, self.runs)
+                             for group_layers, group in zip(self.keras_layers, plan.stages)]
         self.stage_variables = [[v for layer in group for v in layer.trainable_variables]
                                 for group in self.stage_layers]
         self.update_groups = [self._update_groups(s, device_optimizers or {})
@@ -200,11 +201,12 @@ class PipelineExecutor:
                 return []
             return [tf.TensorSpec(v.shape, v.dtype)
                     for v in self.stage_layers[sender + 1][0].trainable_variables]
+        # Shapes from the Keras layers (a stage may start with partitioned ones).
         if kind == S.SEND_ACTIVATION:
-            nxt = self.stage_layers[sender + 1][0]
+            nxt = self.keras_layers[sender + 1][0]
             inputs, outputs = _feature_shape(nxt.input_shape), _feature_shape(nxt.output_shape)
         else:  # the gradient of what the receiver sent
-            first = self.stage_layers[sender][0]
+            first = self.keras_layers[sender][0]
             inputs, outputs = _feature_shape(first.input_shape), _feature_shape(first.output_shape)
             lent = self.lent_rows(sender - 1, rows)
         dtype = self.model.layers[-1].compute_dtype

@@ -142,7 +142,9 @@ class HorovodTransport:
         window function that the strategy drops from the logs.
         """
         assigns, unread = [], list(tf.nest.flatten(pending))
-        for stage, layers in enumerate(executor.stage_layers):
+        # The Keras layers' variables: a partitioned run has written its
+        # shards back into them (``store``) before this runs.
+        for stage, layers in enumerate(executor.keras_layers):
             variables = [v for layer in layers for v in layer.weights
                          if v.dtype.is_floating]
             for i, variable in enumerate(variables):

@@ -79,7 +79,8 @@ def pipelined_forward(x, layers, groups, devices, transport, num_microbatches,
         penalty as the model would compute it on the whole batch (an
         activity regularizer divides by the rows of its call).
       runs: the ``PartitionedLayers`` of the stages on groups of devices:
-        each replaces its layers in its stage (none under Horovod).
+        each replaces its layers in its stage (under Horovod only
+        this process's stage has them).
 
     Returns:
       The outputs of the last stage (the batch's rows, in order) in the

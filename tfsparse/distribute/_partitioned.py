@@ -122,19 +122,25 @@ def check_partition_argument(partition, device_groups):
     return entries
 
 
-def find_runs(layers, stages, device_groups, devices_received):
+def find_runs(layers, stages, device_groups, devices_received, only_stage=None):
     """Per grouped stage the maximal runs of consecutive partitionable layers.
+
+    Args:
+      only_stage: None, or the one stage to look at (a Horovod process runs
+        only its own stage, and every stage has the process's group of
+        ``local_devices``: a stage without layers to partition then simply
+        runs on the group's first device).
 
     Returns:
       A list of ``(stage, layer indices)``.
 
     Raises:
       ValueError: for a group of devices on a stage with no layer to
-        partition.
+        partition (``only_stage`` None).
     """
     runs = []
     for s, (group, devices) in enumerate(zip(stages, device_groups)):
-        if len(devices) == 1:
+        if len(devices) == 1 or only_stage not in (None, s):
             continue
         found, current = [], []
         for index in group:
@@ -152,7 +158,7 @@ def find_runs(layers, stages, device_groups, devices_received):
                 current = []
         if current:
             found.append(tuple(current))
-        if not found:
+        if not found and only_stage is None:
             names = ", ".join(layers[i].name for i in group) or "no layer"
             raise invalid("devices", "a group of devices only for a stage with SparseDense "
                           "layers to partition (an elementwise activation, no regularizers "
@@ -191,7 +197,8 @@ def run_partitions(runs, layers, entries, devices_received, device_groups):
 
 
 def build_runs(layers, stages, strategy):
-    """The ``PartitionedLayers`` of every stage that has a group of devices.
+    """The ``PartitionedLayers`` of every stage that has a group of devices
+    (under Horovod: of this process's stage).
 
     Args:
       layers: the model's chain of layers (built).
@@ -199,7 +206,9 @@ def build_runs(layers, stages, strategy):
       strategy: the ``PipelineStrategy`` (its ``device_groups`` and
         ``partition``).
     """
-    found = find_runs(layers, stages, strategy.device_groups, strategy.devices_argument)
+    hvd = strategy._horovod
+    found = find_runs(layers, stages, strategy.device_groups, strategy.devices_argument,
+                      None if hvd is None else hvd.rank())
     parts = run_partitions(found, layers, strategy.partition, strategy.devices_argument,
                            strategy.device_groups)
     return [PartitionedLayers([layers[i] for i in run], strategy.device_groups[stage],

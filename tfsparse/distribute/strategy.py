@@ -65,8 +65,8 @@ class PipelineStrategy:
     at its end (see ``tfsparse.distribute._partitioned`` for the cost). The
     cost model counts a partitioned layer at ``1 / len(group)`` of its
     work; a partitioned layer is never split by rows with the previous
-    stage (``"layerpipe"``). ``evaluate`` and ``predict`` run a group's
-    stage on its first device.
+    stage (``"layerpipe"``). ``evaluate`` and ``predict`` run the same
+    partitioned forward, with the layers' current weights.
 
     Args:
       devices: one entry per stage: a device name (e.g. ``["/cpu:0",
@@ -91,7 +91,8 @@ class PipelineStrategy:
         indices (of the model's chain, ``InputLayer`` excluded) or layers.
       costs: optional per-layer ``(forward, backward_input,
         backward_weight)`` (e.g. from ``tfsparse.distribute.profile``) to
-        balance the stages with, instead of the cost model.
+        balance the stages with, instead of the cost model. Under Horovod
+        every process uses rank 0's (every process must pass some).
       min_update_interval, max_in_flight: for ``"async"``.
       partition: how stages on a group of devices partition their
         SparseDense layers: a ``partition_rows`` method (``"hypergraph"``,
@@ -100,6 +101,13 @@ class PipelineStrategy:
         (None, a method, a ``Partition``, or a list of ``Partition``, one
         per run of consecutive SparseDense layers of the stage). The
         partitions in use: ``model.pipeline.partitions()``.
+      local_devices: with ``devices="horovod"`` only: this process's
+        devices for its stage (default its GPU by local rank, or its CPU).
+        Several make every process's stage a group: its SparseDense layers
+        are partitioned over them as above, the activations between the
+        processes travel over Horovod, those inside a group through
+        TensorFlow. A stage with no layer to partition runs on the first.
+        ``model.pipeline.partitions()`` then holds this process's stage.
 
     Attributes:
       devices: the device of every stage (a group's first device).
@@ -134,12 +142,14 @@ class PipelineStrategy:
 
     def __init__(self, devices=None, num_microbatches=8, schedule="layerpipe",
                  stages=None, *, costs=None, min_update_interval=None,
-                 max_in_flight=None, partition=DEFAULT_METHOD):
+                 max_in_flight=None, partition=DEFAULT_METHOD, local_devices=None):
         self.num_microbatches = check_positive_int("num_microbatches", num_microbatches)
         self.schedule = check_choice("schedule", schedule, SCHEDULES)
         self._horovod = None
         if isinstance(devices, str) and devices == "horovod":
-            self._horovod, devices = _horovod_devices()
+            self._horovod, devices = _horovod_devices(local_devices)
+        elif local_devices is not None:
+            raise invalid("local_devices", 'None unless devices="horovod"', local_devices)
         self.devices_argument = devices
         self.device_groups = _check_devices(devices)
         self.devices = [group[0] for group in self.device_groups]
@@ -157,6 +167,11 @@ class PipelineStrategy:
                           f"({len(self.devices)})", stages)
         self.stages = stages
         self.costs = None if costs is None else check_costs(costs)
+        if self._horovod is not None and self.costs is not None:
+            # Every process must plan the same stages: measured costs differ
+            # from process to process, so all use rank 0's.
+            self.costs = self._horovod.broadcast_object(
+                self.costs, root_rank=0, name="pipeline_costs")
         self._in_scope = False
 
     @property
@@ -222,8 +237,9 @@ class PipelineStrategy:
                          steps, stages=plan, **self.options, **kwargs)
 
 
-def _horovod_devices():
-    """One stage per Horovod process, on its local GPU (by local rank) or CPU."""
+def _horovod_devices(local_devices):
+    """One stage per Horovod process: on ``local_devices`` (a group when there
+    are several), else on the local GPU (by local rank) or the CPU."""
     try:
         import horovod.tensorflow as hvd
     except ImportError:
@@ -232,13 +248,20 @@ def _horovod_devices():
     if not hvd.is_initialized():
         raise invalid("devices", '"horovod" after hvd.init() (one stage per process)',
                       "horovod")
+    if local_devices is not None:
+        if (isinstance(local_devices, str) or not isinstance(local_devices, (list, tuple))
+                or not local_devices or not all(isinstance(d, str) for d in local_devices)):
+            raise invalid("local_devices", "a non-empty list of this process's device "
+                          "names", local_devices)
+        group = [entry[0] for entry in _check_devices(list(local_devices), "local_devices")]
+        return hvd, [group] * hvd.size()
     gpus = tf.config.list_logical_devices("GPU")
     local = gpus[hvd.local_rank() % len(gpus)].name if gpus else (
         tf.config.list_logical_devices("CPU")[0].name)
     return hvd, [local] * hvd.size()
 
 
-def _check_devices(devices):
+def _check_devices(devices, argument="devices"):
     """Every stage's devices (a tuple of tuples), or raises ``ValueError``."""
     available = tf.config.list_logical_devices()
     if devices is None:
@@ -246,19 +269,19 @@ def _check_devices(devices):
         names = gpus or [d.name for d in available if d.device_type == "CPU"]
         return tuple((name,) for name in names)
     if isinstance(devices, str) or not isinstance(devices, (list, tuple)) or not devices:
-        raise invalid("devices", "a non-empty list of device names", devices)
+        raise invalid(argument, "a non-empty list of device names", devices)
     groups = tuple((entry,) if isinstance(entry, str) else
                    tuple(entry) if isinstance(entry, (list, tuple)) else None
                    for entry in devices)
     if any(not group or not all(isinstance(d, str) for d in group) for group in groups):
-        raise invalid("devices", "a list with, per stage, a device name or a non-empty "
+        raise invalid(argument, "a list with, per stage, a device name or a non-empty "
                       "list of device names", devices)
     specs = [tf.DeviceSpec.from_string(d.name) for d in available]
     for device in (d for group in groups for d in group):
         try:
             wanted = tf.DeviceSpec.from_string(device)
         except (TypeError, ValueError):
-            raise invalid("devices", "a list of device names", devices) from None
+            raise invalid(argument, "a list of device names", devices) from None
         found = any(
             spec.device_type == (wanted.device_type or "").upper()
             and spec.device_index == (wanted.device_index or 0)
@@ -267,6 +290,6 @@ def _check_devices(devices):
             for spec in specs)
         if not found:
             names = ", ".join(d.name for d in available)
-            raise invalid("devices", f"existing devices (this process has: {names})",
+            raise invalid(argument, f"existing devices (this process has: {names})",
                           devices)
     return groups
