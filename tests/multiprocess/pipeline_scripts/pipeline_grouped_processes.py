@@ -13,20 +13,12 @@ import json
 import os
 import sys
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
-
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
-
-_CPU = tf.config.list_physical_devices("CPU")[0]
-tf.config.set_logical_device_configuration(_CPU, [tf.config.LogicalDeviceConfiguration()] * 2)
-tf.config.threading.set_intra_op_parallelism_threads(1)
-
-import tfsparse  # noqa: E402  (selects tf_keras before Horovod imports Keras)
-import horovod.tensorflow as hvd  # noqa: E402
-from tfsparse import keras  # noqa: E402
-from tfsparse.distribute import PipelineStrategy  # noqa: E402
+import numpy as np
+from pipeline_process import PipelineStrategy
+from pipeline_process import hvd
+from pipeline_process import keras
+from pipeline_process import tf
+from pipeline_process import tfsparse
 
 RNG = np.random.default_rng(0)
 X = RNG.normal(size=(48, 12)).astype("float32")
