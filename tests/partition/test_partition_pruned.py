@@ -11,6 +11,7 @@ from tfsparse.partition import METHODS
 from tfsparse.partition import communication_volume
 from tfsparse.partition import partition_rows
 from tfsparse.partition import _hypergraph
+from tfsparse.partition._rebalance import assign_within_limit
 from tfsparse.partition._rebalance import km1
 from tfsparse.partition._rebalance import rebalance
 from tfsparse.partition._simple import place_at_needers
@@ -116,6 +117,60 @@ def test_rebalance_moves_or_swaps_within_the_limit():
     _, balanced = rebalance(np.array([0, 1]), np.array([11, 1]), 10, nets[:1],
                             [1], 2)
     assert not balanced
+
+
+def test_rebalance_packs_exactly_when_no_move_or_swap_fits():
+    # Block 0 = 5 + 5 + 5 = 15 > 14, block 1 = six 2s = 12: a 5 fits nowhere
+    # and no lighter vertex swaps in; only moving a 5 out and two 2s in
+    # (14 and 13) meets the limit.
+    work = np.array([5, 5, 5, 2, 2, 2, 2, 2, 2])
+    blocks = np.array([0, 0, 0, 1, 1, 1, 1, 1, 1])
+    nets = [np.array([0, 3]), np.array([1, 2, 4])]
+    repaired, balanced = rebalance(blocks, work, 14, nets, [1, 1], 2)
+    assert balanced
+    assert sorted(np.bincount(repaired, weights=work, minlength=2).tolist()) == [13, 14]
+
+
+def _brute_force_feasible(work, limit, k):
+    return any(np.bincount(np.array(a), weights=work, minlength=k).max() <= limit
+               for a in itertools.product(range(k), repeat=work.size))
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_exact_assignment_is_found_exactly_when_one_exists(seed):
+    rng = np.random.default_rng(seed)
+    k, m = 3, 7
+    work = rng.integers(1, 7, m)
+    work[rng.integers(m)] = 0  # a vertex that does not count (an anchor)
+    limit = int(np.ceil(work.sum() / k)) + int(rng.integers(0, 2))
+    blocks = rng.integers(0, k, m)
+    nets = [rng.choice(m, 3, replace=False) for _ in range(4)]
+    repaired, balanced = assign_within_limit(blocks, work, limit, nets, [1] * 4, k)
+    # Every assignment of the counted vertices enumerated.
+    assert balanced == _brute_force_feasible(work[work > 0], limit, k)
+    if balanced:
+        assert np.bincount(repaired, weights=work, minlength=k).max() <= limit
+    else:
+        np.testing.assert_array_equal(repaired, blocks)
+    # Vertices that do not count never move.
+    np.testing.assert_array_equal(repaired[work == 0], blocks[work == 0])
+
+
+def test_block_pruned_layer_is_packed_within_the_limit(monkeypatch):
+    # Block pruning (16 x 16 blocks) leaves 16 neurons reading 64 inputs and
+    # 48 reading 48: over 16 workers (limit 214 = floor(1.03 * 208)) every
+    # worker must get exactly one 64 and three 48s. Mt-KaHyPar and the greedy
+    # repair miss that packing for some seeds (0.15 imbalance seen).
+    monkeypatch.setattr(_hypergraph, "_RETRIES", 0)  # repair at once
+    for seed in range(6):
+        rng = np.random.default_rng(seed)
+        kernel = np.zeros((256, 64))
+        for j in range(64):
+            for b in rng.choice(16, 4 if j < 16 else 3, replace=False):
+                kernel[16 * b:16 * b + 16, j] = 1.0
+        part = partition_rows([kernel[:, rng.permutation(64)]], 16, "hypergraph")
+        assert part.imbalance <= 0.03
+        np.testing.assert_array_equal(np.sort(part.load[0]), np.full(16, 208))
 
 
 def test_tight_pruned_layer_stays_within_the_block_limit(monkeypatch):

@@ -23,7 +23,8 @@ Mt-KaHyPar crashes on zero vertex weights, so anchors weigh 1 and each block
 may hold one unit more. Mt-KaHyPar treats the limit as a target and misses it
 now and then on tiny, heavily pruned layers (under a hundred neurons of very
 unequal fan-in over 16 blocks): then up to ``_RETRIES`` more seeds are tried,
-and if all miss, greedy moves and swaps repair the last (``_rebalance``).
+and if all miss, greedy moves and swaps repair the last, or, when none fits,
+an exact assignment (``_rebalance``).
 Outputs with an empty fan-in (no work, no pins) stay
 out of the hypergraph and are placed by the caller.
 """

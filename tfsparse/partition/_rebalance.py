@@ -1,4 +1,4 @@
-"""Greedy repair of a hypergraph partition whose blocks exceed their limit.
+"""Repair of a hypergraph partition whose blocks exceed their limit.
 
 Mt-KaHyPar treats the block weights as a target: with fixed vertices and few,
 heavy vertices (a heavily pruned layer: under a hundred neurons of very
@@ -7,10 +7,17 @@ it. ``rebalance`` then moves vertices out of the heaviest block, each time the
 move with the smallest increase of the weighted connectivity-1 objective
 among those that fit, or, when no single vertex fits anywhere, the swap of
 a vertex with a lighter one of another block that brings both blocks within
-the limit, until every block is within it.
+the limit, until every block is within it. When neither fits (loads that
+only an exact packing meets, as block-pruned layers need: every neuron's
+work a multiple of the block), it solves the assignment exactly
+(``assign_within_limit``).
 """
 
 import numpy as np
+import scipy.sparse
+from scipy.optimize import Bounds
+from scipy.optimize import LinearConstraint
+from scipy.optimize import milp
 
 
 def km1(nets, net_weights, blocks):
@@ -42,7 +49,9 @@ def rebalance(blocks, work, limit, nets, net_weights, k):
 
     Returns:
         ``(blocks, balanced)``: the repaired partition and whether every
-        block is now within ``limit`` (False only when no move fits).
+        block is now within ``limit`` (False only when no assignment of the
+        vertices meets it, or none was found in ``assign_within_limit``'s
+        time limit).
 
     Example:
         >>> blocks, ok = rebalance(np.array([0, 0, 0, 1]), np.array([2, 2, 2, 2]),
@@ -53,22 +62,11 @@ def rebalance(blocks, work, limit, nets, net_weights, k):
     blocks = np.array(blocks, dtype=np.int64)
     work = np.asarray(work, dtype=np.int64)
     load = np.bincount(blocks, weights=work, minlength=k).astype(np.int64)
-    count = np.zeros((len(nets), k), dtype=np.int64)
-    incident = [[] for _ in range(blocks.size)]
-    for e, pins in enumerate(nets):
-        np.add.at(count[e], blocks[pins], 1)
-        for v in pins:
-            incident[v].append(e)
-    incident = [np.array(e, dtype=np.int64) for e in incident]
+    count, incident = _incidence(blocks, nets, k)
     net_weights = np.asarray(net_weights, dtype=np.int64)
+
     def delta(v, source):
-        """Objective change of moving ``v`` from ``source`` to each block."""
-        nets_v = incident[v]
-        # Leaving ``source`` saves w_e where v is its only pin there;
-        # joining block b costs w_e where b had no pin of the net.
-        saved = (net_weights[nets_v] * (count[nets_v, source] == 1)).sum()
-        added = (net_weights[nets_v, None] * (count[nets_v] == 0)).sum(axis=0)
-        return added - saved
+        return _move_delta(v, source, count, incident, net_weights)
 
     def move(v, source, target):
         count[incident[v], source] -= 1
@@ -108,9 +106,83 @@ def rebalance(blocks, work, limit, nets, net_weights, k):
                 if best is None or key < best[0]:
                     best = (key, v, u)
         if best is None:
-            return blocks, False
+            return assign_within_limit(blocks, work, limit, nets, net_weights, k)
         _, v, u = best
         b = int(blocks[u])
         move(v, source, b)
         move(u, b, source)
     return blocks, True
+
+
+def _incidence(blocks, nets, k):
+    """Pins of every net per block, ``(nets, k)``, and the nets of every vertex."""
+    count = np.zeros((len(nets), k), dtype=np.int64)
+    incident = [[] for _ in range(blocks.size)]
+    for e, pins in enumerate(nets):
+        np.add.at(count[e], blocks[pins], 1)
+        for v in pins:
+            incident[v].append(e)
+    return count, [np.array(e, dtype=np.int64) for e in incident]
+
+
+def _move_delta(v, source, count, incident, net_weights):
+    """Objective change of moving ``v`` alone from ``source`` to each block."""
+    nets_v = incident[v]
+    # Leaving ``source`` saves w_e where v is its only pin there; joining
+    # block b costs w_e where b had no pin of the net.
+    saved = (net_weights[nets_v] * (count[nets_v, source] == 1)).sum()
+    added = (net_weights[nets_v, None] * (count[nets_v] == 0)).sum(axis=0)
+    return added - saved
+
+
+def assign_within_limit(blocks, work, limit, nets, net_weights, k, time_limit=30.0):
+    """Every block within ``limit`` by an exact assignment (HiGHS MILP).
+
+    Minimises the sum of each moved vertex's objective change as if it moved
+    alone (exact for moves that share no net), fewest moves among equals;
+    vertices with zero work (anchors, look-ahead outputs) stay where they
+    are. For the loads that greedy moves cannot reach: when every block must
+    be filled almost exactly (a layer whose neurons' work comes in a few
+    large multiples) only a packing of the whole layer meets the limit.
+
+    Args:
+        blocks, work, limit, nets, net_weights, k: as ``rebalance``.
+        time_limit: seconds HiGHS may search.
+
+    Returns:
+        ``(blocks, balanced)``; ``blocks`` unchanged when ``balanced`` is
+        False (no assignment exists, or none was found in time).
+
+    Example:
+        >>> blocks, ok = assign_within_limit(
+        ...     np.array([0, 0, 0, 1, 1, 1]), np.array([3, 3, 3, 2, 2, 2]), 8,
+        ...     [np.array([0, 1])], [1], 2)
+        >>> ok, np.bincount(blocks, weights=[3, 3, 3, 2, 2, 2]).tolist()
+        (True, [8.0, 7.0])
+    """
+    blocks = np.array(blocks, dtype=np.int64)
+    work = np.asarray(work, dtype=np.int64)
+    movable = np.flatnonzero(work > 0)
+    m = movable.size
+    count, incident = _incidence(blocks, nets, k)
+    net_weights = np.asarray(net_weights, dtype=np.int64)
+    costs = np.array([_move_delta(v, blocks[v], count, incident, net_weights)
+                      for v in movable], dtype=np.float64).reshape(m, k)
+    # Below 1 in total, so the fewest moves only break ties.
+    costs += (np.arange(k)[None, :] != blocks[movable][:, None]) * (0.5 / max(m, 1))
+    rows = np.repeat(np.arange(m), k)
+    columns = np.arange(m * k)
+    one_block = scipy.sparse.csr_matrix((np.ones(m * k), (rows, columns)), shape=(m, m * k))
+    loads = scipy.sparse.csr_matrix((np.repeat(work[movable], k).astype(np.float64),
+                                     (np.tile(np.arange(k), m), columns)), shape=(k, m * k))
+    result = milp(costs.ravel(), integrality=np.ones(m * k), bounds=Bounds(0, 1),
+                  constraints=[LinearConstraint(one_block, 1, 1),
+                               LinearConstraint(loads, -np.inf, limit)],
+                  options={"time_limit": float(time_limit)})
+    if result.x is None:
+        return blocks, False
+    assigned = blocks.copy()
+    assigned[movable] = np.argmax(result.x.reshape(m, k), axis=1)
+    if np.bincount(assigned, weights=work, minlength=k).max() > limit:
+        return blocks, False
+    return assigned, True

@@ -164,7 +164,9 @@ def partition_rows(weights, k, method="hypergraph", epsilon=0.03, seed=0, *,
             ``"random"``.
         epsilon: allowed load imbalance in ``[0, 1)``: every layer's busiest
             worker does at most ``(1 + epsilon)`` times the mean work
-            ("hypergraph" guarantees it; METIS aims at it).
+            ("hypergraph" guarantees it whenever the neurons' work allows
+            it, repairing Mt-KaHyPar's rare misses exactly; METIS aims at
+            it).
         seed: seed of the partitioner or of the random order.
         lookahead: "hypergraph" only: weight in ``[0, 1]`` of the next
             layer's nets when a layer is partitioned (0: none). They count the
