@@ -15,7 +15,7 @@ from tfsparse.distribute.stages import plan_stages
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pipeline_scripts",
                       "pipeline_grouped_processes.py")
 TIMEOUT_S = 400
-CASES = ["gpipe", "pipedream", "layerpipe", "first_only"]
+CASES = ["gpipe", "pipedream", "layerpipe", "1f1b", "async", "first_only"]
 # The same float32 operations as the ungrouped pipeline, with the partitioned
 # layers' sums split over two devices: a few ulps of O(1) weights after 8
 # updates (measured: at most 1.2e-7).
@@ -58,8 +58,8 @@ def test_grouped_processes_equal_the_ungrouped_pipeline(ranks, case):
     close(got["predict"], local["predict"])
 
 
-@pytest.mark.parametrize("case", ["gpipe", "first_only"])
-def test_grouped_gpipe_equals_training_with_gradient_accumulation(ranks, case):
+@pytest.mark.parametrize("case", ["gpipe", "1f1b", "first_only"])
+def test_grouped_synchronous_schedules_equal_training_with_gradient_accumulation(ranks, case):
     got, plain = ranks[0][case]["processes"], ranks[0][case]["plain"]
     close(got["weights"], plain["weights"])
 
@@ -73,7 +73,7 @@ def test_each_process_partitions_only_its_own_stage(ranks):
         assert got["shard_devices"] == ["device:CPU:0", "device:CPU:1"]
 
 
-@pytest.mark.parametrize("case", ["gpipe", "pipedream", "layerpipe"])
+@pytest.mark.parametrize("case", ["gpipe", "pipedream", "layerpipe", "1f1b", "async"])
 def test_training_and_predict_graphs_run_the_partition_on_both_devices(ranks, case):
     # Read off the traced graphs: the partitioned layers' ops are placed on
     # both devices of the process's group (an unpartitioned stage has none).

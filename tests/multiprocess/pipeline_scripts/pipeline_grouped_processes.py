@@ -114,6 +114,8 @@ def main(out):
             ("gpipe", "gpipe", sgd, 1, "both"),
             ("pipedream", "pipedream", adam, 2, "both"),
             ("layerpipe", "layerpipe", sgd, 2, "both"),
+            ("1f1b", "1f1b", adam, 2, "both"),
+            ("async", "async", sgd, 2, "both"),
             ("first_only", "gpipe", sgd, 2, "first")):
         def strategy(devices, **kwargs):
             return PipelineStrategy(devices=devices, num_microbatches=4, schedule=schedule,
