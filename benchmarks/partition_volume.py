@@ -26,6 +26,7 @@ epsilon. Writes a PNG chart per network and a JSON of all rows to
 
 Usage:
     python benchmarks/partition_volume.py [--layers-1024 120] [--layers-4096 24]
+        [--only WORD ...] [--preset highest_quality --runs 4 --refine 4]
 """
 
 import argparse
@@ -61,6 +62,12 @@ def parse_args(argv):
                         default=[0.1, 0.05, 0.02, 0.01])
     parser.add_argument("--mlp-pruning", nargs="+", default=["oneshot", "gmp"],
                         choices=["oneshot", "gmp"])
+    parser.add_argument("--preset", default="default",
+                        help="Mt-KaHyPar preset of the hypergraph method")
+    parser.add_argument("--runs", type=int, default=1,
+                        help="hypergraph: Mt-KaHyPar runs per layer, best kept")
+    parser.add_argument("--refine", type=int, default=1,
+                        help="hypergraph: refinement sweeps")
     parser.add_argument("--epsilon", type=float, default=0.03)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--only", nargs="*", default=None,
@@ -217,7 +224,8 @@ def main(argv=None):
         edges = sum(kernel.nnz for kernel in kernels)
         print(f"\n### {name}: {len(kernels)} layers, {edges} edges", flush=True)
         rows = compare_methods(kernels, KS, epsilon=args.epsilon,
-                               seed=args.seed, progress=True)
+                               seed=args.seed, progress=True, preset=args.preset,
+                               runs=args.runs, refine=args.refine)
         print(format_table(rows), flush=True)
         plot_comparison(rows, args.out / f"network{index}.png", title=name,
                         epsilon=args.epsilon)

@@ -1,7 +1,10 @@
 """Heavily pruned layers: constant neurons, inputs nobody reads, tight balance."""
 
 import itertools
+import os
 import pathlib
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -20,6 +23,7 @@ from tfsparse.partition.volume import pattern_matrix
 from volume_reference import brute_force_volume
 
 DATA = pathlib.Path(__file__).parent / "data"
+ROOT = str(pathlib.Path(__file__).resolve().parents[2])
 
 
 def pruned_network(seed=0):
@@ -190,3 +194,24 @@ def test_tight_pruned_layer_stays_within_the_block_limit(monkeypatch):
             pattern, data["input_owners"].astype(np.int64), 16, 0.03, seed)
         assert np.bincount(owners[owners >= 0], weights=work[owners >= 0],
                            minlength=16).max() <= limit
+
+
+def test_several_runs_with_the_highest_quality_preset_do_not_crash():
+    # Partitioning one Mt-KaHyPar hypergraph with fixed vertices (a second
+    # layer's anchors) twice with "highest_quality" at k = 2 is a
+    # segmentation fault (Mt-KaHyPar 1.7, this network): every run gets a
+    # fresh hypergraph. In a subprocess, so that a crash fails only this test.
+    code = (
+        "import numpy as np\n"
+        "from tfsparse.partition import partition_rows\n"
+        "rng = np.random.default_rng(0)\n"
+        "kernels = [(rng.random((256, 256)) < 0.1) * 1.0 for _ in range(2)]\n"
+        "for k in (2, 4):\n"
+        "    part = partition_rows(kernels, k, preset='highest_quality', runs=3)\n"
+        "    print(k, part.volume, part.imbalance <= 0.03)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT))
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.split("\n")
+    assert [line.split()[0] for line in lines if line] == ["2", "4"]
+    assert all(line.endswith("True") for line in lines if line)

@@ -187,10 +187,13 @@ def partition_layer(pattern, input_owners, k, epsilon, seed, preset="default",
                                         mtkahypar.Objective.KM1)
     context.logging = False
     context.set_individual_target_block_weights([scale * limit + light] * k)
-    hypergraph = initializer.create_hypergraph(
-        context, n_vertices, len(nets), nets, weights, net_weights)
-    if anchored:
-        hypergraph.add_fixed_vertices([-1] * first_anchor + list(range(k)), k)
+    def build():
+        hypergraph = initializer.create_hypergraph(
+            context, n_vertices, len(nets), nets, weights, net_weights)
+        if anchored:
+            hypergraph.add_fixed_vertices([-1] * first_anchor + list(range(k)), k)
+        return hypergraph
+
     balance_work = np.concatenate([work, np.zeros(n_vertices - active.size,
                                                    np.int64)])
     # Best (unbalanced, km1) first; up to _RETRIES extra seeds are tried
@@ -200,8 +203,11 @@ def partition_layer(pattern, input_owners, k, epsilon, seed, preset="default",
         if run >= runs and not best_key[0]:
             break
         mtkahypar.set_seed(int(seed) + 7919 * run)
+        # A fresh hypergraph per run: partitioning one twice crashes
+        # Mt-KaHyPar 1.7 (k = 2, preset "highest_quality": a segmentation fault).
         # Keep ``hypergraph`` referenced until the blocks are copied out: old
         # Mt-KaHyPar releases crash when it is collected before its partition.
+        hypergraph = build()
         partitioned = hypergraph.partition(context)
         blocks = np.array(partitioned.get_partition(), dtype=np.int64)
         km1 = partitioned.km1()
