@@ -20,7 +20,9 @@ def sparse_matmul(x, values, pattern, use_kernel=None, bias=None):
     (``tfsparse.ops.sddmm``). Both gradients are exact.
 
     Args:
-      x: float tensor ``[batch, input_dim]``.
+      x: float tensor ``[batch, input_dim]`` (float16 and bfloat16, as
+        under Keras mixed precision, are computed in float32 and returned
+        in their own dtype).
       values: float tensor ``[nnz]``, the nonzeros in pattern order.
       pattern: a ``SparsityPattern``, or any object with ``rows``, ``cols``,
         ``row_major_order`` (integer arrays or tensors) and ``shape``
@@ -44,6 +46,12 @@ def sparse_matmul(x, values, pattern, use_kernel=None, bias=None):
       TensorShape([2, 4])
     """
     x = tf.convert_to_tensor(x)
+    if x.dtype in (tf.float16, tf.bfloat16):
+        # Neither tfsparse's kernels nor TensorFlow's CSR ones take half
+        # precision: compute (and accumulate) in float32, return x's dtype.
+        y = sparse_matmul(tf.cast(x, tf.float32), tf.cast(values, tf.float32), pattern,
+                          use_kernel, None if bias is None else tf.cast(bias, tf.float32))
+        return tf.cast(y, x.dtype)
     values = tf.convert_to_tensor(values, dtype=x.dtype)
     rows = tf.convert_to_tensor(pattern.rows, dtype=tf.int32)
     cols = tf.convert_to_tensor(pattern.cols, dtype=tf.int32)

@@ -29,7 +29,8 @@ def sddmm(x_t, dy_t, rows, cols, use_kernel=None):
     ``sddmm(x^T, dy^T, rows, cols)`` is ``(x^T dy)`` read at the nonzeros only.
 
     Args:
-      x_t: float tensor ``[input_dim, batch]``.
+      x_t: float tensor ``[input_dim, batch]`` (float16 and bfloat16 are
+        accumulated in float32 and returned in their own dtype).
       dy_t: float tensor ``[units, batch]``, same dtype.
       rows: int32 tensor ``[nnz]`` of row indices into ``x_t``.
       cols: int32 tensor ``[nnz]`` of row indices into ``dy_t``.
@@ -47,6 +48,11 @@ def sddmm(x_t, dy_t, rows, cols, use_kernel=None):
       [2.0, 2.0]
     """
     x_t = tf.convert_to_tensor(x_t)
+    if x_t.dtype in (tf.float16, tf.bfloat16):
+        # The compiled kernel takes float32 and float64: accumulate in float32.
+        out = sddmm(tf.cast(x_t, tf.float32), tf.cast(dy_t, tf.float32), rows, cols,
+                    use_kernel)
+        return tf.cast(out, x_t.dtype)
     dy_t = tf.convert_to_tensor(dy_t, dtype=x_t.dtype)
     rows = tf.convert_to_tensor(rows, dtype=tf.int32)
     cols = tf.convert_to_tensor(cols, dtype=tf.int32)
