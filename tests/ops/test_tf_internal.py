@@ -27,3 +27,16 @@ def test_export_context_is_detected_only_while_saving(tmp_path):
     assert not _tf_internal.in_saved_model_export()
     tf.saved_model.save(module, str(tmp_path))
     assert True in seen
+
+
+def test_xla_context_is_detected_only_while_tracing_for_xla():
+    seen = {}
+
+    def probe(name):
+        seen[name] = _tf_internal.in_xla_context()
+        return tf.constant(1.0)
+
+    assert not _tf_internal.in_xla_context()
+    tf.function(lambda: probe("graph"))()
+    tf.function(lambda: probe("xla"), jit_compile=True)()
+    assert seen == {"graph": False, "xla": True}

@@ -11,6 +11,7 @@ import tensorflow as tf
 from tensorflow.python.ops.linalg.sparse import (
     gen_sparse_csr_matrix_ops as _csr_ops,
 )
+from tensorflow.python.ops import control_flow_util as _control_flow_util
 from tensorflow.python.saved_model import save_context as _save_context
 
 
@@ -45,3 +46,8 @@ def in_saved_model_export():
 def gpu_visible():
     """True when TensorFlow sees a GPU (the compiled kernels are CPU only)."""
     return bool(tf.config.list_logical_devices("GPU"))
+
+
+def in_xla_context():
+    """True while tracing a function that XLA compiles (``jit_compile=True``)."""
+    return _control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())

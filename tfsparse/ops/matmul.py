@@ -16,7 +16,8 @@ def sparse_matmul(x, values, pattern, use_kernel=None, bias=None):
     Only the nonzeros are stored and multiplied. On CPU the forward product and
     the input gradient run on tfsparse's compiled SpMM kernel; on GPU, without
     the compiled kernels, and in exported SavedModels on TensorFlow's CSR
-    kernels. The gradient with respect to ``values`` is an SDDMM
+    kernels; in functions XLA compiles (``jit_compile=True``) as a gather and
+    a segment sum over the nonzeros. The gradient with respect to ``values`` is an SDDMM
     (``tfsparse.ops.sddmm``). Both gradients are exact.
 
     Args:
@@ -59,7 +60,12 @@ def sparse_matmul(x, values, pattern, use_kernel=None, bias=None):
     shape = tuple(int(s) for s in pattern.shape)
     if use_kernel is None:
         use_kernel = use_compiled_kernels()
-    product = _compiled_product if use_kernel else _csr_product
+    if use_kernel:
+        product = _compiled_product
+    elif _tf_internal.in_xla_context():
+        product = _gather_product  # XLA compiles neither ours nor the CSR ops
+    else:
+        product = _csr_product
     input_dim, units = shape
 
     def backward(x, values, dy):
@@ -118,4 +124,11 @@ def _csr_product(x, values, rows, cols, units, bias=None):
     dense_shape = tf.stack([tf.constant(units, tf.int64), tf.shape(x, out_type=tf.int64)[1]])
     kernel_t = _tf_internal.csr_from_sorted_coo(indices, values, dense_shape)
     y = _tf_internal.csr_matmul(kernel_t, x, transpose_b=True, transpose_output=True)
+    return y if bias is None else tf.nn.bias_add(y, bias)
+
+
+def _gather_product(x, values, rows, cols, units, bias=None):
+    """With ops XLA compiles: each nonzero's products, summed per output."""
+    products = tf.gather(x, rows, axis=1) * values  # [batch, nnz]
+    y = tf.transpose(tf.math.unsorted_segment_sum(tf.transpose(products), cols, units))
     return y if bias is None else tf.nn.bias_add(y, bias)

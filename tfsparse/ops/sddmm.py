@@ -10,14 +10,15 @@ def use_compiled_kernels():
     """Whether tfsparse's compiled CPU kernels serve the current trace.
 
     They do when they are built and enabled, no GPU is visible (on GPUs
-    TensorFlow's CSR kernels run) and no SavedModel is being exported: an
+    TensorFlow's CSR kernels run), no SavedModel is being exported (an
     exported graph holds core TensorFlow ops only, so it loads where tfsparse
-    is not installed.
+    is not installed) and XLA is not compiling the trace (``jit_compile``).
     """
     return (
         kernels.available()
         and not _tf_internal.gpu_visible()
         and not _tf_internal.in_saved_model_export()
+        and not _tf_internal.in_xla_context()
     )
 
 
