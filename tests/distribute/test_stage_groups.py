@@ -120,3 +120,22 @@ def test_a_sparse_layer_left_unpartitioned_in_a_group_is_reported(caplog):
     assert len(unpartitioned) == 2
     assert repr(layers[1].name) in unpartitioned[0] and "/cpu:0" in unpartitioned[0]
     assert repr(layers[2].name) in unpartitioned[1]
+
+
+def test_sparse_layers_on_sequences_stay_unpartitioned(caplog):
+    # The partitioned forward computes rows of (batch, features) inputs: a
+    # SparseDense layer on (batch, time, features) runs whole, with a warning.
+    from tfsparse.distribute._partitioned import find_runs
+    from tfsparse.distribute._partitioned import partitionable
+    from tfsparse.layers import SparseDense
+
+    flat = SparseDense(8, density=0.5, activation="relu")
+    sequence = SparseDense(8, density=0.5, activation="relu")
+    flat(np.ones((2, 6), "float32"))
+    sequence(np.ones((2, 3, 6), "float32"))
+    assert partitionable(flat) and not partitionable(sequence)
+    with caplog.at_level("WARNING", logger="tfsparse"):
+        runs = find_runs([flat, sequence], [(0, 1)], [("/cpu:0", "/cpu:1")], [["/cpu:0"]])
+    assert runs == [(0, (0,))]
+    assert any("2-D inputs" in r.getMessage() and repr(sequence.name) in r.getMessage()
+               for r in caplog.records)

@@ -138,11 +138,53 @@ def test_pattern_that_does_not_match_the_input_is_rejected_at_build():
         "a matrix of shape (4, 3)")
 
 
-def test_non_2d_input_is_rejected():
+def test_one_dimensional_input_is_rejected():
     with pytest.raises(ValueError) as error:
-        SparseDense(3)(np.ones((2, 3, 4), np.float32))
+        SparseDense(3)(np.ones((4,), np.float32))
     assert str(error.value) == _message(
-        "inputs", "a 2-D input (batch, input_dim) with known input_dim", "shape (2, 3, 4)")
+        "inputs", "an input of at least 2 dimensions (batch, ..., input_dim) with known "
+        "input_dim", "shape (4,)")
+
+
+@pytest.mark.parametrize("shape", [(3, 5, 9), (2, 3, 4, 9)])
+def test_acts_on_the_last_axis_of_higher_rank_inputs(shape):
+    # As Dense: (batch, ..., input_dim) -> (batch, ..., units), forward and
+    # gradients equal to the product over the last axis (NumPy, float64).
+    layer = SparseDense(6, density=0.4, seed=3, activation="tanh")
+    x = tf.constant(np.random.default_rng(0).normal(size=shape), tf.float32)
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        y = layer(x)
+        loss = tf.reduce_sum(y * tf.range(6, dtype=tf.float32))
+    assert y.shape == shape[:-1] + (6,)
+    kernel = layer.to_scipy().toarray().astype(np.float64)
+    x64 = x.numpy().astype(np.float64)
+    want = np.tanh(x64 @ kernel + layer.bias.numpy())
+    # float32 sums of at most 9 products of O(1) terms.
+    np.testing.assert_allclose(y.numpy(), want, rtol=1e-5, atol=1e-6)
+    dx, dvalues = tape.gradient(loss, [x, layer.values])
+    upstream = (1 - want ** 2) * np.arange(6)
+    np.testing.assert_allclose(dx.numpy(), upstream @ kernel.T, rtol=1e-5, atol=1e-5)
+    rows, cols = (np.asarray(t) for t in (layer.pattern.rows, layer.pattern.cols))
+    flat_x, flat_up = x64.reshape(-1, 9), upstream.reshape(-1, 6)
+    np.testing.assert_allclose(dvalues.numpy(), (flat_x.T @ flat_up)[rows, cols],
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_sequence_model_trains_and_reloads(tmp_path):
+    rng = np.random.default_rng(1)
+    x = rng.random((32, 7, 10)).astype("float32")
+    y = rng.random((32, 7, 4)).astype("float32")
+    model = keras.Sequential([keras.Input((None, 10)),
+                              SparseDense(12, density=0.3, seed=0, activation="relu"),
+                              SparseDense(4, density=0.5, seed=1)])
+    model.compile("adam", "mse")
+    history = model.fit(x, y, epochs=3, batch_size=8, verbose=0)
+    assert history.history["loss"][-1] < history.history["loss"][0]
+    assert model.predict(x[:, :3], verbose=0).shape == (32, 3, 4)  # any length
+    model.save(tmp_path / "model.keras")
+    loaded = keras.models.load_model(tmp_path / "model.keras")
+    np.testing.assert_array_equal(loaded.predict(x, verbose=0), model.predict(x, verbose=0))
 
 
 def test_properties_need_a_built_layer():

@@ -70,11 +70,13 @@ _logger = logging.getLogger("tfsparse")
 def partitionable(layer):
     """Whether a stage on a group of devices partitions ``layer``.
 
-    SparseDense layers with a Keras activation that acts on every neuron
-    alone (not softmax) and without regularizers or constraints (those act
-    on the whole variable, which the shards stand in for during a window).
+    SparseDense layers on 2-D inputs ``(batch, features)`` with a Keras
+    activation that acts on every neuron alone (not softmax) and without
+    regularizers or constraints (those act on the whole variable, which the
+    shards stand in for during a window).
     """
     return (isinstance(layer, SparseDense)
+            and getattr(layer, "_input_rank", 2) == 2
             and getattr(layer.activation, "__name__", None) in _ELEMENTWISE
             and all(getattr(layer, name, None) is None for name in _UNSUPPORTED))
 
@@ -150,8 +152,8 @@ def find_runs(layers, stages, device_groups, devices_received, only_stage=None):
             if isinstance(layers[index], SparseDense):
                 _logger.warning(
                     "tfsparse: SparseDense layer %r of stage %d runs unpartitioned on %s: "
-                    "only layers with an elementwise activation and no regularizers or "
-                    "constraints are partitioned over a group of devices.",
+                    "only layers on 2-D inputs with an elementwise activation and no "
+                    "regularizers or constraints are partitioned over a group of devices.",
                     layers[index].name, s, devices[0])
             if current:
                 found.append(tuple(current))

@@ -46,7 +46,9 @@ class SparseDense(keras.layers.Layer, prunable_layer.PrunableLayer):
     pattern, stored with the layer as non-trainable int32 weights
     (``pattern_rows``, ``pattern_cols``, ``pattern_row_major_order``) so that
     checkpoints, ``model.save`` and SavedModels carry it. Forward and backward
-    passes cost time and memory proportional to ``nnz``.
+    passes cost time and memory proportional to ``nnz``. As ``Dense``, it
+    acts on the last axis: inputs ``(batch, ..., input_dim)`` give outputs
+    ``(batch, ..., units)``.
 
     Args:
       units: positive int, output dimension.
@@ -158,11 +160,13 @@ class SparseDense(keras.layers.Layer, prunable_layer.PrunableLayer):
 
     def build(self, input_shape):
         input_shape = tf.TensorShape(input_shape)
-        if input_shape.rank != 2 or input_shape[-1] is None:
+        if input_shape.rank is None or input_shape.rank < 2 or input_shape[-1] is None:
             raise _invalid(
-                "inputs", "a 2-D input (batch, input_dim) with known input_dim",
+                "inputs", "an input of at least 2 dimensions (batch, ..., input_dim) "
+                "with known input_dim",
                 f"shape {tuple(input_shape.as_list()) if input_shape.rank is not None else None}",
             )
+        self._input_rank = input_shape.rank  # partitioners take 2-D inputs only
         input_dim = int(input_shape[-1])
         values = None
         if self._pattern_matrix is not None:
@@ -245,16 +249,23 @@ class SparseDense(keras.layers.Layer, prunable_layer.PrunableLayer):
 
     def call(self, inputs):
         inputs = tf.convert_to_tensor(inputs)
-        if inputs.shape.rank != 2:
+        if inputs.shape.rank is None or inputs.shape.rank < 2:
             raise _invalid(
-                "inputs", "a 2-D input (batch, input_dim)", f"shape {inputs.shape}"
+                "inputs", "an input of at least 2 dimensions (batch, ..., input_dim)",
+                f"shape {inputs.shape}",
             )
         if inputs.dtype != self.compute_dtype:
             inputs = tf.cast(inputs, self.compute_dtype)
+        leading = None
+        if inputs.shape.rank > 2:  # as Dense: the product acts on the last axis
+            leading = tf.shape(inputs)[:-1]
+            inputs = tf.reshape(inputs, [-1, inputs.shape[-1]])
         outputs = sparse_matmul(
             inputs, self.values, self.pattern_tensors(),
             bias=self.bias if self.use_bias else None,
         )
+        if leading is not None:
+            outputs = tf.reshape(outputs, tf.concat([leading, [self.units]], axis=0))
         if self.activation is not None:
             outputs = self.activation(outputs)
         return outputs

@@ -103,7 +103,7 @@ def _to_sparse_dense(layer):
     if kernel.ndim != 2:
         raise ValueError(
             f"Dense layer {layer.name!r} has a kernel of shape {kernel.shape}; "
-            "only 2-D kernels (inputs of shape (batch, features)) convert."
+            "only 2-D kernels convert."
         )
     config = layer.get_config()
     settings = {key: config[key] for key in _DENSE_SETTINGS if key in config}
