@@ -142,3 +142,47 @@ def test_pipelined_model_exports_a_saved_model(tmp_path):
     loaded = tf.saved_model.load(str(tmp_path / "saved"))
     np.testing.assert_allclose(loaded(X).numpy(), model.predict(X, verbose=0),
                                rtol=1e-6, atol=1e-6)
+
+
+@pytest.fixture
+def mixed_precision():
+    def set_policy(name):
+        keras.mixed_precision.set_global_policy(name)
+
+    yield set_policy
+    keras.mixed_precision.set_global_policy("float32")
+
+
+def test_loss_scaling_is_refused_not_applied_wrongly(mixed_precision):
+    # mixed_float16 wraps the optimizer in a LossScaleOptimizer, whose update
+    # divides by a loss scale the pipeline never multiplied in.
+    mixed_precision("mixed_float16")
+    strategy = PipelineStrategy(devices=["/cpu:0"], num_microbatches=2, schedule="gpipe")
+    with strategy.scope(), pytest.raises(ValueError) as error:
+        model = chain()
+        model.compile(keras.optimizers.SGD(0.1), "mse")
+    assert str(error.value).startswith(
+        'Received an invalid value for "optimizer", expected an optimizer without loss '
+        'scaling: PipelineStrategy does not scale losses; use the "mixed_bfloat16" policy')
+
+
+def test_mixed_bfloat16_gpipe_equals_plain_training(mixed_precision):
+    mixed_precision("mixed_bfloat16")
+    runs = []
+    for pipelined in (True, False):
+        strategy = PipelineStrategy(devices=["/cpu:0"], num_microbatches=4, schedule="gpipe")
+        model = chain()
+        if pipelined:
+            with strategy.scope():
+                model.compile(keras.optimizers.SGD(0.1), "mse")
+        else:
+            model.compile(keras.optimizers.SGD(0.1), "mse")
+        model.fit(X, Y, batch_size=8, epochs=2, shuffle=False, verbose=0)
+        runs.append(model.get_weights())
+    assert model.layers[0].compute_dtype == "bfloat16"
+    # bfloat16 activations and gradients (relative rounding 2^-8) summed per
+    # micro-batch instead of per batch: each of the 4 SGD steps (lr 0.1, O(1)
+    # gradients) may move a weight differently by 0.1 * 2^-8 = 4e-4.
+    for a, b in zip(*runs):
+        assert a.dtype == np.float32
+        np.testing.assert_allclose(a, b, rtol=0, atol=4 * 0.1 * 2.0 ** -8)

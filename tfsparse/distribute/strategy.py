@@ -200,6 +200,12 @@ class PipelineStrategy:
             self._in_scope = False
 
     def _attach(self, model):
+        if isinstance(model.optimizer, keras.mixed_precision.LossScaleOptimizer):
+            # Loss scaling would need one dynamic scale agreed on by every
+            # stage (and process); the stages' own optimizer copies cannot.
+            raise invalid("optimizer", 'an optimizer without loss scaling: PipelineStrategy '
+                          'does not scale losses; use the "mixed_bfloat16" policy (which '
+                          'needs no loss scaling) or float32', model.optimizer)
         binding = Binding(self, model)
         if model.built:
             binding.layers()  # fail early: not a chain, too many stages
