@@ -215,3 +215,16 @@ def test_several_runs_with_the_highest_quality_preset_do_not_crash():
     lines = done.stdout.split("\n")
     assert [line.split()[0] for line in lines if line] == ["2", "4"]
     assert all(line.endswith("True") for line in lines if line)
+
+
+def test_exact_assignment_takes_the_move_that_lowers_the_objective():
+    # Block 0 = 4 + 4 + 4 = 12 > 10; block 1 = 2 + 2 = 4. Moving vertex 0 or
+    # vertex 1 fits; vertex 1 shares its two nets with block 1's vertices, so
+    # moving it lowers the objective by 2, vertex 0's move would raise it.
+    work = np.array([4, 4, 4, 2, 2])
+    blocks = np.array([0, 0, 0, 1, 1])
+    nets = [np.array([0, 2]), np.array([1, 3]), np.array([1, 4])]
+    repaired, balanced = assign_within_limit(blocks, work, 10, nets, [1, 1, 1], 2)
+    assert balanced
+    assert repaired.tolist() == [0, 1, 0, 1, 1]
+    assert km1(nets, [1, 1, 1], repaired) == km1(nets, [1, 1, 1], blocks) - 2

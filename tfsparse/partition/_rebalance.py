@@ -138,12 +138,15 @@ def _move_delta(v, source, count, incident, net_weights):
 def assign_within_limit(blocks, work, limit, nets, net_weights, k, time_limit=30.0):
     """Every block within ``limit`` by an exact assignment (HiGHS MILP).
 
-    Minimises the sum of each moved vertex's objective change as if it moved
-    alone (exact for moves that share no net), fewest moves among equals;
-    vertices with zero work (anchors, look-ahead outputs) stay where they
-    are. For the loads that greedy moves cannot reach: when every block must
-    be filled almost exactly (a layer whose neurons' work comes in a few
-    large multiples) only a packing of the whole layer meets the limit.
+    A generalised assignment: each vertex costs the objective change of its
+    move as if it moved alone (0 where it stays, fewest moves among equals),
+    every block's load is at most ``limit``; vertices with zero work
+    (anchors, look-ahead outputs) stay where they are. Moves that share a
+    net do not add up exactly, so single moves that lower the objective
+    within the limit follow (``_improve``). For the loads that greedy moves
+    cannot reach: when every block must be filled almost exactly (a layer
+    whose neurons' work comes in a few large multiples) only a packing of
+    the whole layer meets the limit.
 
     Args:
         blocks, work, limit, nets, net_weights, k: as ``rebalance``.
@@ -168,13 +171,15 @@ def assign_within_limit(blocks, work, limit, nets, net_weights, k, time_limit=30
     net_weights = np.asarray(net_weights, dtype=np.int64)
     costs = np.array([_move_delta(v, blocks[v], count, incident, net_weights)
                       for v in movable], dtype=np.float64).reshape(m, k)
+    moved = np.arange(k)[None, :] != blocks[movable][:, None]
+    costs[~moved] = 0.0  # staying costs nothing
     # Below 1 in total, so the fewest moves only break ties.
-    costs += (np.arange(k)[None, :] != blocks[movable][:, None]) * (0.5 / max(m, 1))
-    rows = np.repeat(np.arange(m), k)
-    columns = np.arange(m * k)
-    one_block = scipy.sparse.csr_matrix((np.ones(m * k), (rows, columns)), shape=(m, m * k))
-    loads = scipy.sparse.csr_matrix((np.repeat(work[movable], k).astype(np.float64),
-                                     (np.tile(np.arange(k), m), columns)), shape=(k, m * k))
+    costs += moved * (0.5 / max(m, 1))
+    one_block = scipy.sparse.csr_matrix(
+        (np.ones(m * k), (np.repeat(np.arange(m), k), np.arange(m * k))), shape=(m, m * k))
+    loads = scipy.sparse.csr_matrix(
+        (np.repeat(work[movable], k).astype(np.float64),
+         (np.tile(np.arange(k), m), np.arange(m * k))), shape=(k, m * k))
     result = milp(costs.ravel(), integrality=np.ones(m * k), bounds=Bounds(0, 1),
                   constraints=[LinearConstraint(one_block, 1, 1),
                                LinearConstraint(loads, -np.inf, limit)],
@@ -185,4 +190,32 @@ def assign_within_limit(blocks, work, limit, nets, net_weights, k, time_limit=30
     assigned[movable] = np.argmax(result.x.reshape(m, k), axis=1)
     if np.bincount(assigned, weights=work, minlength=k).max() > limit:
         return blocks, False
-    return assigned, True
+    return _improve(assigned, work, limit, nets, net_weights, k), True
+
+
+def _improve(blocks, work, limit, nets, net_weights, k):
+    """Applies the best single move that lowers the objective within ``limit``
+    until none does (each lowers the integer objective, so this ends)."""
+    load = np.bincount(blocks, weights=work, minlength=k).astype(np.int64)
+    count, incident = _incidence(blocks, nets, k)
+    movable = np.flatnonzero(work > 0)
+    while True:
+        best = (0, None, None)
+        for v in movable:
+            source = blocks[v]
+            delta = _move_delta(v, source, count, incident, net_weights)
+            fits = load + work[v] <= limit
+            fits[source] = False
+            if fits.any():
+                target = int(np.flatnonzero(fits)[np.argmin(delta[fits])])
+                if delta[target] < best[0]:
+                    best = (int(delta[target]), v, target)
+        if best[1] is None:
+            return blocks
+        _, v, target = best
+        source = blocks[v]
+        count[incident[v], source] -= 1
+        count[incident[v], target] += 1
+        load[source] -= work[v]
+        load[target] += work[v]
+        blocks[v] = target
