@@ -42,9 +42,17 @@ class FSSL(keras.callbacks.Callback):
     groups) and ``fssl/phase`` (the phase the epoch trained in: 0 penalty,
     1 fine-tune). The History records them, and so does a ``TensorBoard``
     callback listed after this one in ``callbacks`` (Keras calls callbacks in
-    list order). ``on_train_begin`` resets the schedule (penalty on, no masks),
-    so a second ``fit`` runs it again. With ``steps_per_execution > 1`` the
-    masks are re-applied every ``steps_per_execution`` batches.
+    list order). With ``steps_per_execution > 1`` the masks are re-applied
+    every ``steps_per_execution`` batches.
+
+    The schedule's state (the masks, the epoch the groups were removed at,
+    the automatic rule's counters) lives in variables tracked by the model
+    (``model.fssl_state``, outside ``model.weights``), so TensorFlow
+    checkpoints of the model carry it: ``keras.callbacks.BackupAndRestore``
+    or ``model.save_weights`` / ``load_weights`` with ``fit(initial_epoch=...)``
+    resume the schedule where it stopped (penalty off and masks on after the
+    pruning epoch; a pruning decision the checkpoint missed is taken at the
+    resume). A ``fit`` from epoch 0 starts the schedule again.
 
     Args:
         threshold: float >= 0, the group norm at or under which a group is removed.
@@ -94,11 +102,15 @@ class FSSL(keras.callbacks.Callback):
 
     def _reset(self):
         self.layers = []
-        self.pruned_epoch = None
-        self._masks = []
         self._apply_masks = None
-        self._previous_share = None
-        self._stable_epochs = 0
+        self._first_epoch = True
+
+    @property
+    def pruned_epoch(self):
+        """The epoch at whose end the groups were removed; None before."""
+        state = getattr(self.model, "fssl_state", None) if self.model is not None else None
+        epoch = -1 if state is None else int(state.pruned_epoch.numpy())
+        return None if epoch < 0 else epoch
 
     # Keras hooks.
     def on_train_begin(self, logs=None):
@@ -115,22 +127,43 @@ class FSSL(keras.callbacks.Callback):
         if self.prune_epoch is not None and epochs is not None and self.prune_epoch > epochs:
             raise _invalid("prune_epoch", f"an epoch within fit(epochs={epochs})",
                            self.prune_epoch)
+        variables = [_layers.kernel_variable(layer) for layer in self.layers]
+        state = getattr(self.model, "fssl_state", None)
+        if state is None or not state.matches(variables):
+            # Tracked by the model: a checkpoint restored before or after
+            # this (BackupAndRestore in either order) fills it.
+            self.model.fssl_state = FSSLState(variables)
+        self._state = self.model.fssl_state
+
+    def on_epoch_begin(self, epoch, logs=None):
+        if not self._first_epoch:
+            return
+        self._first_epoch = False
+        state = self._state
+        if epoch == 0:
+            state.reset()
+        elif int(state.processed_epoch.numpy()) < epoch - 1:
+            # The checkpoint was written before this callback's end of epoch
+            # ``epoch - 1`` (BackupAndRestore listed first): decide it now,
+            # on the weights that epoch ended with.
+            self._end_epoch(epoch - 1)
+        pruned = int(state.pruned_epoch.numpy()) >= 0
         for term in self._terms():
-            term.strength.assign(term.l)
+            term.strength.assign(0.0 if pruned else term.l)
+        if pruned:
+            self._use_masks()
 
     def on_train_batch_end(self, batch, logs=None):
         if self._apply_masks is not None:
             self._apply_masks()
 
     def on_epoch_end(self, epoch, logs=None):
-        shares, share = self.group_sparsity()
-        if self.pruned_epoch is None and self._should_prune(epoch, share):
-            self._prune(epoch)
-            shares, share = self.group_sparsity()
+        shares, share = self._end_epoch(epoch)
         if logs is not None:
             logs.update(shares)
             logs["fssl/group_sparsity"] = share
-            trained_without_penalty = self.pruned_epoch is not None and epoch > self.pruned_epoch
+            pruned_epoch = self.pruned_epoch
+            trained_without_penalty = pruned_epoch is not None and epoch > pruned_epoch
             logs["fssl/phase"] = 1.0 if trained_without_penalty else 0.0
 
     def on_train_end(self, logs=None):
@@ -157,37 +190,84 @@ class FSSL(keras.callbacks.Callback):
                 total += int(norms.shape[0])
         return shares, (under / total if total else 0.0)
 
+    def _end_epoch(self, epoch):
+        """The pruning rule at the end of ``epoch``; returns ``group_sparsity()``."""
+        shares, share = self.group_sparsity()
+        if self.pruned_epoch is None and self._should_prune(epoch, share):
+            self._prune(epoch)
+            shares, share = self.group_sparsity()
+        self._state.processed_epoch.assign(epoch)
+        return shares, share
+
     def _should_prune(self, epoch, share):
         if self.prune_epoch is not None:
             return epoch + 1 >= self.prune_epoch
-        previous, self._previous_share = self._previous_share, share
-        if previous is not None and share > 0 and abs(share - previous) <= self.min_delta:
-            self._stable_epochs += 1
+        state = self._state
+        previous = float(state.previous_share.numpy())
+        state.previous_share.assign(share)
+        if previous == previous and share > 0 and abs(share - previous) <= self.min_delta:
+            state.stable_epochs.assign_add(1)
         else:
-            self._stable_epochs = 0
-        return self._stable_epochs >= self.patience
+            state.stable_epochs.assign(0)
+        return int(state.stable_epochs.numpy()) >= self.patience
 
     def _prune(self, epoch):
-        pairs = []
-        for layer in self.layers:
+        state = self._state
+        for layer, mask in zip(self.layers, state.masks):
             kinds, block_shape = _layers.group_settings(layer)
-            mask = _layers.keep_mask_of(layer, kinds, self.threshold, block_shape)
-            variable = _layers.kernel_variable(layer)
-            mask = tf.Variable(tf.cast(mask, variable.dtype), trainable=False,
-                               name=f"fssl_mask_{layer.name}")
-            variable.assign(variable * mask)
-            pairs.append((variable, mask))
-        self._masks = pairs
+            mask.assign(tf.cast(_layers.keep_mask_of(layer, kinds, self.threshold, block_shape),
+                                mask.dtype))
+        state.pruned_epoch.assign(epoch)
+        self._use_masks()
+        for term in self._terms():
+            term.strength.assign(0.0)
+        if self.verbose:
+            print(f"FSSL: removed groups with norm <= {self.threshold:g} at the end of "
+                  f"epoch {epoch + 1}; fine-tuning without the group penalty.")
+
+    def _use_masks(self):
+        """Zeroes the removed groups now and after every training batch."""
+        pairs = [(_layers.kernel_variable(layer), mask)
+                 for layer, mask in zip(self.layers, self._state.masks)]
 
         @tf.function
         def apply_masks():
             for variable, mask in pairs:
                 variable.assign(variable * mask)
 
+        apply_masks()
         self._apply_masks = apply_masks
-        for term in self._terms():
-            term.strength.assign(0.0)
-        self.pruned_epoch = epoch
-        if self.verbose:
-            print(f"FSSL: removed groups with norm <= {self.threshold:g} at the end of "
-                  f"epoch {epoch + 1}; fine-tuning without the group penalty.")
+
+
+class FSSLState(tf.Module):
+    """The FSSL schedule's state, as variables a model checkpoint carries.
+
+    ``masks`` (one 0/1 variable per regularised layer, the shape of its
+    kernel variable), ``pruned_epoch`` (-1 before pruning),
+    ``processed_epoch`` (the last epoch whose end the schedule handled),
+    ``previous_share`` and ``stable_epochs`` (the automatic rule's counters).
+    """
+
+    def __init__(self, kernels):
+        super().__init__(name="fssl_state")
+        self.masks = [tf.Variable(tf.ones(v.shape, v.dtype), trainable=False,
+                                  name=f"mask_{i}") for i, v in enumerate(kernels)]
+        self.pruned_epoch = tf.Variable(-1, dtype=tf.int64, trainable=False)
+        self.processed_epoch = tf.Variable(-1, dtype=tf.int64, trainable=False)
+        self.previous_share = tf.Variable(float("nan"), dtype=tf.float64, trainable=False)
+        self.stable_epochs = tf.Variable(0, dtype=tf.int64, trainable=False)
+
+    def matches(self, kernels):
+        """Whether the masks fit these kernel variables (the same layers)."""
+        return (len(self.masks) == len(kernels)
+                and all(m.shape == v.shape and m.dtype == v.dtype
+                        for m, v in zip(self.masks, kernels)))
+
+    def reset(self):
+        """A new schedule: no masks, not pruned, counters cleared."""
+        for mask in self.masks:
+            mask.assign(tf.ones_like(mask))
+        self.pruned_epoch.assign(-1)
+        self.processed_epoch.assign(-1)
+        self.previous_share.assign(float("nan"))
+        self.stable_epochs.assign(0)

@@ -215,3 +215,72 @@ def test_invalid_arguments(kwargs, message):
     with pytest.raises(ValueError) as info:
         FSSL(**kwargs)
     assert str(info.value) == message
+
+
+class _Interrupt(keras.callbacks.Callback):
+    """Stops fit as a crash would, at the start of ``epoch``."""
+
+    def __init__(self, epoch):
+        super().__init__()
+        self.epoch = epoch
+
+    def on_epoch_begin(self, epoch, logs=None):
+        if epoch == self.epoch:
+            raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("prune_epoch", [2, None], ids=["fixed", "automatic"])
+@pytest.mark.parametrize("first", ["backup", "fssl"])
+@pytest.mark.parametrize("stop", [2, 4])
+def test_backup_and_restore_resumes_the_schedule_exactly(tmp_path, prune_epoch, first, stop):
+    # Interrupted at the start of epoch ``stop`` (before or after pruning),
+    # resumed by BackupAndRestore (listed before or after FSSL, so the backup
+    # holds the pruning decision of its epoch or not): the same phases,
+    # masks and weights as training without the interruption.
+    x, y = data(n=96)
+    settings = dict(threshold=0.02, prune_epoch=prune_epoch, patience=1, min_delta=0.5)
+    model = sparse_model()
+    straight = FSSL(**settings)
+    history = model.fit(x, y, epochs=6, batch_size=32, shuffle=False, verbose=0,
+                        callbacks=[straight])
+    assert straight.pruned_epoch is not None
+    backup = keras.callbacks.BackupAndRestore(str(tmp_path))
+    for attempt in (0, 1):
+        resumed = sparse_model()
+        callback = FSSL(**settings)
+        callbacks = [backup, callback] if first == "backup" else [callback, backup]
+        try:
+            again = resumed.fit(x, y, epochs=6, batch_size=32, shuffle=False, verbose=0,
+                                callbacks=callbacks + ([_Interrupt(stop)] if attempt == 0 else []))
+        except KeyboardInterrupt:
+            assert attempt == 0
+    assert again.history["fssl/phase"] == history.history["fssl/phase"][stop:]
+    assert callback.pruned_epoch == straight.pruned_epoch
+    # The same float32 operations in the same order: bit for bit.
+    for a, b in zip(resumed.get_weights(), model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    for a, b in zip(resumed.fssl_state.masks, model.fssl_state.masks):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+def test_load_weights_and_initial_epoch_continue_the_schedule(tmp_path):
+    # A checkpoint of the model after epoch 3 (pruned at epoch 1), loaded
+    # into a fresh model and continued with fit(initial_epoch=4): still
+    # fine-tuning, the removed groups held at zero.
+    x, y = data(n=96)
+    model = dense_model(l=1e-2)
+    model.fit(x, y, epochs=4, batch_size=32, shuffle=False, verbose=0,
+              callbacks=[FSSL(threshold=0.05, prune_epoch=2)])
+    model.save_weights(str(tmp_path / "checkpoint"))
+    removed = np.flatnonzero(~model.fssl_state.masks[0].numpy().any(axis=0))
+    assert set(TINY_COLUMNS) <= set(removed.tolist())
+    fresh = dense_model(l=1e-2)
+    fresh.load_weights(str(tmp_path / "checkpoint"))  # restores the state on creation
+    callback = FSSL(threshold=0.05, prune_epoch=2)
+    history = fresh.fit(x, y, epochs=6, initial_epoch=4, batch_size=32, shuffle=False,
+                        verbose=0, callbacks=[callback])
+    assert history.history["fssl/phase"] == [1.0, 1.0]
+    assert callback.pruned_epoch == 1
+    assert not fresh.layers[0].kernel.numpy()[:, removed].any()
+    assert all(float(term.strength.numpy()) == 0.0
+               for term in group_lasso_terms(fresh.layers[0].kernel_regularizer))
