@@ -186,3 +186,37 @@ def test_mixed_bfloat16_gpipe_equals_plain_training(mixed_precision):
     for a, b in zip(*runs):
         assert a.dtype == np.float32
         np.testing.assert_allclose(a, b, rtol=0, atol=4 * 0.1 * 2.0 ** -8)
+
+
+class _Interrupt(keras.callbacks.Callback):
+    def on_epoch_begin(self, epoch, logs=None):
+        if epoch == 2:
+            raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "pipedream"])
+def test_backup_and_restore_resumes_the_stage_optimizers_exactly(tmp_path, schedule):
+    # Each stage updates with its own copy of the optimizer: the model tracks
+    # them, so the backup holds their Adam moments and step counts, and the
+    # resumed run is bit for bit the uninterrupted one.
+    def build():
+        strategy = PipelineStrategy(devices=["/cpu:0"], num_microbatches=2,
+                                    schedule=schedule)
+        with strategy.scope():
+            model = chain()
+            model.compile(keras.optimizers.Adam(0.01), "mse", steps_per_execution=2)
+        return model
+
+    straight = build()
+    straight.fit(X, Y, batch_size=4, epochs=4, shuffle=False, verbose=0)
+    backup = keras.callbacks.BackupAndRestore(str(tmp_path))
+    for attempt in (0, 1):
+        resumed = build()
+        try:
+            resumed.fit(X, Y, batch_size=4, epochs=4, shuffle=False, verbose=0,
+                        callbacks=[backup] + ([_Interrupt()] if attempt == 0 else []))
+        except KeyboardInterrupt:
+            assert attempt == 0
+    assert [int(o.iterations.numpy()) for o in resumed.pipeline.stage_optimizers] == [16]
+    for a, b in zip(resumed.get_weights(), straight.get_weights()):
+        np.testing.assert_array_equal(a, b)

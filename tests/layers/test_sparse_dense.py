@@ -210,3 +210,16 @@ def test_float64_layer():
     y = layer(x)
     assert y.dtype == tf.float64
     np.testing.assert_allclose(y.numpy(), x @ layer.to_scipy().toarray() + layer.bias.numpy(), atol=1e-12)
+
+
+def test_keras_set_random_seed_fixes_patterns_drawn_without_a_seed():
+    def patterns():
+        keras.utils.set_random_seed(7)
+        layers = [SparseDense(5, density=0.3), SparseDense(5, density=0.3)]
+        for layer in layers:
+            layer.build((None, 12))
+        return [(layer.seed, np.asarray(layer.pattern.rows).tolist()) for layer in layers]
+
+    first, second = patterns(), patterns()
+    assert first == second  # as Dense's kernels under set_random_seed
+    assert first[0][0] != first[1][0]  # two layers draw two patterns

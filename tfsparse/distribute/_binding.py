@@ -145,6 +145,11 @@ class Binding:
                 for device in run.devices[1:]:
                     if (run.stage, device) not in self._device_optimizers:
                         self._device_optimizers[(run.stage, device)] = copy()
+            # Tracked by the model, so that its checkpoints (BackupAndRestore,
+            # save_weights) carry every stage's optimizer state; one restored
+            # earlier fills them when they are attached or built.
+            self.model.pipeline_optimizers = list(self._optimizers) + [
+                self._device_optimizers[key] for key in sorted(self._device_optimizers)]
             executor = PipelineExecutor(
                 self.model, self.layers(), plan, self.strategy.devices,
                 self._optimizers, self.strategy.schedule,

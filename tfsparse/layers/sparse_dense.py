@@ -57,8 +57,9 @@ class SparseDense(keras.layers.Layer, prunable_layer.PrunableLayer):
         0.05. Not with ``pattern``.
       pattern: a ``scipy.sparse`` matrix of shape ``(input_dim, units)``: its
         nonzero positions are the pattern and its values the initial weights.
-      seed: int seed of the random pattern (drawn at construction and kept in
-        the config when ``None``).
+      seed: int seed of the random pattern; ``None`` draws one at construction
+        from NumPy's global generator (so ``keras.utils.set_random_seed``
+        fixes it) and keeps it in the config.
       activation, use_bias, kernel_initializer, bias_initializer,
       kernel_regularizer, bias_regularizer, activity_regularizer,
       kernel_constraint, bias_constraint: as in ``keras.layers.Dense``; the
@@ -117,7 +118,10 @@ class SparseDense(keras.layers.Layer, prunable_layer.PrunableLayer):
                 raise _invalid("density", "a float in (0, 1]", density)
         self.density_setting = None if density is None else float(density)
         if seed is None:
-            seed = int(np.random.SeedSequence().generate_state(1)[0] >> 1)
+            # From NumPy's global generator, which keras.utils.set_random_seed
+            # seeds: seeded scripts build the same patterns, as Dense draws
+            # the same kernels.
+            seed = int(np.random.randint(0, 2**31 - 1))
         if not isinstance(seed, numbers.Integral) or isinstance(seed, bool):
             raise _invalid("seed", "an integer or None", seed)
         self.seed = int(seed)
