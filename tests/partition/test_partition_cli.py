@@ -35,7 +35,9 @@ def test_saved_model_and_errors(tmp_path, capsys):
                  "random", "--plot", str(tmp_path / "m.png"), "--no-progress"])
     out = capsys.readouterr().out
     edges = sum(layer.nnz for layer in model.layers)
-    assert code == 0 and f"model model.keras: {edges} edges" in out
+    names = ", ".join(layer.name for layer in model.layers)
+    assert code == 0
+    assert f"model model.keras, SparseDense layers {names}: {edges} edges" in out
     assert main(["--model", str(path), "-k", "9", "--plot",
                  str(tmp_path / "x.png"), "--no-progress"]) == 2
     assert 'invalid value for "k"' in capsys.readouterr().err
@@ -49,3 +51,29 @@ def test_module_runs_as_a_command(tmp_path):
         capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "| 2 | block |" in done.stdout
+
+
+def test_saved_model_with_a_dense_classifier_partitions_its_sparse_layers(tmp_path, capsys):
+    # A pruned network usually ends in a small Dense classifier: the command
+    # partitions the SparseDense run before it (Dropout between is fine) and
+    # names what it left out; a model without SparseDense layers is an error.
+    model = keras.Sequential([keras.Input((12,)),
+                              SparseDense(10, density=0.4, seed=0, name="s0"),
+                              keras.layers.Dropout(0.1),
+                              SparseDense(8, density=0.4, seed=1, name="s1"),
+                              keras.layers.Dense(3, name="classifier")])
+    path = tmp_path / "classifier.keras"
+    model.save(path)
+    code = main(["--model", str(path), "-k", "2", "--methods", "block",
+                 "--plot", str(tmp_path / "c.png"), "--no-progress"])
+    edges = model.layers[0].nnz + model.layers[2].nnz
+    assert code == 0
+    assert (f"model classifier.keras, SparseDense layers s0, s1 (left out: classifier): "
+            f"{edges} edges") in capsys.readouterr().out
+    dense = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2, name="only")])
+    dense.save(tmp_path / "dense.keras")
+    assert main(["--model", str(tmp_path / "dense.keras"), "--no-progress",
+                 "--plot", str(tmp_path / "d.png")]) == 2
+    error = capsys.readouterr().err
+    assert 'invalid value for "--model", expected a saved model with SparseDense' in error
+    assert "layers with weights: Dense" in error

@@ -1,7 +1,7 @@
 """``python -m tfsparse.partition``: compare the partitioning methods on a network.
 
 Partitions a generated Graph Challenge network (RadiX-Net, ``--neurons``,
-``--layers``) or a saved Keras model of SparseDense layers (``--model``) into
+``--layers``) or the SparseDense layers of a saved Keras model (``--model``) into
 ``k`` parts with every method, prints a Markdown table (volume in words per
 sample, ratio to random, busiest sender, load imbalance, time) and writes a
 PNG bar chart of volume and imbalance per method.
@@ -66,13 +66,34 @@ def parse_args(argv):
 
 
 def load_kernels(args):
-    """Returns ``(kernels, description)`` for the network the arguments name."""
+    """Returns ``(kernels, description)`` for the network the arguments name.
+
+    From a saved model: its first run of SparseDense layers (layers without
+    weights, such as Dropout, may sit between them); layers with weights
+    after it, such as a Dense classifier, are left out and named.
+    """
     if args.model is not None:
         from tfsparse._keras import keras
-        import tfsparse.layers  # noqa: F401  (registers SparseDense)
-        from tfsparse.partition.rows import kernels_of
+        from tfsparse.layers import SparseDense
         model = keras.models.load_model(args.model, compile=False)
-        return kernels_of(model), f"model {args.model.name}"
+        weighted = [layer for layer in model.layers if layer.weights]
+        run = []
+        for layer in weighted:
+            if isinstance(layer, SparseDense):
+                run.append(layer)
+            elif run:
+                break
+        if not run:
+            raise ValueError(
+                f'Received an invalid value for "--model", expected a saved model with '
+                f"SparseDense layers. Received: {args.model} (layers with weights: "
+                f"{', '.join(type(l).__name__ for l in weighted) or 'none'})")
+        description = (f"model {args.model.name}, SparseDense layers "
+                       f"{', '.join(layer.name for layer in run)}")
+        left_out = [layer.name for layer in weighted if layer not in run]
+        if left_out:
+            description += f" (left out: {', '.join(left_out)})"
+        return [layer.to_scipy() for layer in run], description
     from tfsparse.graphchallenge import radixnet
     kernels = radixnet(args.neurons, args.layers, seed=args.seed)
     return kernels, f"RadiX-Net {args.neurons}x{args.layers}"
@@ -80,11 +101,11 @@ def load_kernels(args):
 
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    kernels, description = load_kernels(args)
-    if args.relabel:
-        kernels, _ = relabel_neurons(kernels, seed=args.seed)
-        description += ", relabelled at random"
     try:
+        kernels, description = load_kernels(args)
+        if args.relabel:
+            kernels, _ = relabel_neurons(kernels, seed=args.seed)
+            description += ", relabelled at random"
         rows = compare_methods(kernels, args.k, args.methods, args.epsilon,
                                args.seed, progress=not args.no_progress,
                                refine=args.refine, threads=args.threads)
