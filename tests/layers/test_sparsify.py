@@ -77,3 +77,35 @@ def test_sparsify_rejects_what_it_cannot_convert():
         sparsify("model")
     with pytest.raises(ValueError, match='"max_density"'):
         sparsify(_mlp(), max_density=0)
+
+    class Subclassed(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.hidden = keras.layers.Dense(4)
+
+        def call(self, inputs):
+            return self.hidden(inputs)
+
+    subclassed = Subclassed()
+    subclassed(np.ones((2, 3), np.float32))
+    with pytest.raises(ValueError) as error:
+        sparsify(subclassed)
+    assert str(error.value) == (
+        'Received an invalid value for "model", expected a Sequential or functional '
+        "model (a subclassed model's layers cannot be rewired: build it with SparseDense "
+        "layers instead). Received: model of class Subclassed")
+
+
+def test_functional_model_with_a_branch_converts_with_equal_outputs():
+    inputs = keras.Input((8,))
+    hidden = keras.layers.Dense(8, activation="relu")(inputs)
+    branch = keras.layers.Dense(8)(hidden)
+    outputs = keras.layers.Dense(3)(keras.layers.Add()([hidden, branch]))
+    model = keras.Model(inputs, outputs)
+    sparse = sparsify(model)
+    assert [type(layer).__name__ for layer in sparse.layers] == [
+        "InputLayer", "SparseDense", "SparseDense", "Add", "SparseDense"]
+    x = np.random.default_rng(0).normal(size=(5, 8)).astype(np.float32)
+    # Dense weights are all nonzero: the same products in another order.
+    np.testing.assert_allclose(sparse.predict(x, verbose=0), model.predict(x, verbose=0),
+                               rtol=1e-5, atol=1e-5)

@@ -62,6 +62,13 @@ def sparsify(model, max_density=None):
             'Received an invalid value for "max_density", expected None or a '
             f"float in (0, 1]. Received: max_density={max_density}"
         )
+    if not (isinstance(model, keras.Sequential) or getattr(model, "_is_graph_network", False)):
+        # Keras clones only these: a subclassed model's call() is code.
+        raise ValueError(
+            'Received an invalid value for "model", expected a Sequential or functional '
+            "model (a subclassed model's layers cannot be rewired: build it with "
+            f"SparseDense layers instead). Received: model of class {type(model).__name__}"
+        )
     if not model.built:
         raise ValueError(
             'Received an invalid value for "model", expected a built model '
