@@ -15,6 +15,7 @@ import sys
 
 import numpy as np
 from pipeline_process import PipelineStrategy
+from pipeline_process import compiled
 from pipeline_process import hvd
 from pipeline_process import keras
 from pipeline_process import tf
@@ -69,17 +70,7 @@ def _ops_per_device(graph):
 
 
 def train(strategy, optimizer, window):
-    def build():
-        model = mlp()
-        model.compile(optimizer(), keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                      metrics=["accuracy"], steps_per_execution=window)
-        return model
-
-    if strategy is None:
-        model = build()
-    else:
-        with strategy.scope():
-            model = build()
+    model = compiled(strategy, mlp, optimizer, window)
     history = model.fit(X, Y, batch_size=12, epochs=2, shuffle=False, verbose=0)
     # Batches of 18 rows: the last (12 rows) is cut into unequal micro-batches.
     result = {

@@ -13,6 +13,7 @@ import sys
 
 import numpy as np
 from pipeline_process import PipelineStrategy
+from pipeline_process import compiled
 from pipeline_process import hvd
 from pipeline_process import keras
 from pipeline_process import tf
@@ -61,17 +62,7 @@ def regularized_mlp():
 
 
 def train(strategy, optimizer, window, network=mlp, evaluate_batch=12):
-    def build():
-        model = network()
-        model.compile(optimizer(), keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                      metrics=["accuracy"], steps_per_execution=window)
-        return model
-
-    if strategy is None:
-        model = build()
-    else:
-        with strategy.scope():
-            model = build()
+    model = compiled(strategy, network, optimizer, window)
     history = model.fit(X, Y, batch_size=12, epochs=2, shuffle=False, verbose=0)
     evaluated = model.evaluate(X, Y, batch_size=evaluate_batch, verbose=0)
     return {
