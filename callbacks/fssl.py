@@ -205,7 +205,8 @@ class FSSL(keras.callbacks.Callback):
         state = self._state
         previous = float(state.previous_share.numpy())
         state.previous_share.assign(share)
-        if previous == previous and share > 0 and abs(share - previous) <= self.min_delta:
+        first = previous != previous  # NaN: no earlier epoch to compare with
+        if not first and share > 0 and abs(share - previous) <= self.min_delta:
             state.stable_epochs.assign_add(1)
         else:
             state.stable_epochs.assign(0)

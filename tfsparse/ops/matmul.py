@@ -17,8 +17,8 @@ def sparse_matmul(x, values, pattern, use_kernel=None, bias=None):
     the input gradient run on tfsparse's compiled SpMM kernel; on GPU, without
     the compiled kernels, and in exported SavedModels on TensorFlow's CSR
     kernels; in functions XLA compiles (``jit_compile=True``) as a gather and
-    a segment sum over the nonzeros. The gradient with respect to ``values`` is an SDDMM
-    (``tfsparse.ops.sddmm``). Both gradients are exact.
+    a segment sum over the nonzeros. The gradient with respect to ``values``
+    is an SDDMM (``tfsparse.ops.sddmm``). Both gradients are exact.
 
     Args:
       x: float tensor ``[batch, input_dim]`` (float16 and bfloat16, as
