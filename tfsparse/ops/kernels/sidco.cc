@@ -56,6 +56,17 @@
 
 using namespace tensorflow;  // NOLINT
 
+// Both ops: a 1-D gradient in, the selected values and indices (their count
+// known only at run time) and the threshold out.
+static absl::Status SidcoShape(shape_inference::InferenceContext* c) {
+  shape_inference::ShapeHandle flat;
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 1, &flat));
+  c->set_output(0, c->Vector(c->UnknownDim()));
+  c->set_output(1, c->Vector(c->UnknownDim()));
+  c->set_output(2, c->Scalar());
+  return absl::OkStatus();
+}
+
 REGISTER_OP("TfsparseSidco")
     .Input("flat: T")
     .Input("stages: int32")
@@ -70,14 +81,7 @@ REGISTER_OP("TfsparseSidco")
     .Attr("exact_count_limit: int")
     .Attr("sample_chunk: int")
     .Attr("sample_chunks: int")
-    .SetShapeFn([](shape_inference::InferenceContext* c) {
-      shape_inference::ShapeHandle flat;
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 1, &flat));
-      c->set_output(0, c->Vector(c->UnknownDim()));
-      c->set_output(1, c->Vector(c->UnknownDim()));
-      c->set_output(2, c->Scalar());
-      return absl::OkStatus();
-    });
+    .SetShapeFn(SidcoShape);
 
 REGISTER_OP("TfsparseSidcoAdaptive")
     .Input("flat: T")
@@ -100,14 +104,7 @@ REGISTER_OP("TfsparseSidcoAdaptive")
     .Attr("band_high: float")
     .Attr("memory: int")
     .SetIsStateful()
-    .SetShapeFn([](shape_inference::InferenceContext* c) {
-      shape_inference::ShapeHandle flat;
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 1, &flat));
-      c->set_output(0, c->Vector(c->UnknownDim()));
-      c->set_output(1, c->Vector(c->UnknownDim()));
-      c->set_output(2, c->Scalar());
-      return absl::OkStatus();
-    });
+    .SetShapeFn(SidcoShape);
 
 namespace {
 
