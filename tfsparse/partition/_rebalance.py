@@ -59,22 +59,8 @@ def rebalance(blocks, work, limit, nets, net_weights, k):
         >>> ok, np.bincount(blocks, weights=[2, 2, 2, 2]).tolist()
         (True, [4.0, 4.0])
     """
-    blocks = np.array(blocks, dtype=np.int64)
-    work = np.asarray(work, dtype=np.int64)
-    load = np.bincount(blocks, weights=work, minlength=k).astype(np.int64)
-    count, incident = _incidence(blocks, nets, k)
-    net_weights = np.asarray(net_weights, dtype=np.int64)
-
-    def delta(v, source):
-        return _move_delta(v, source, count, incident, net_weights)
-
-    def move(v, source, target):
-        count[incident[v], source] -= 1
-        count[incident[v], target] += 1
-        blocks[v] = target
-        load[source] -= work[v]
-        load[target] += work[v]
-
+    state = _Blocks(blocks, work, nets, net_weights, k)
+    blocks, work, load = state.blocks, state.work, state.load
     while load.max() > limit:
         source = int(np.argmax(load))
         best = None
@@ -83,56 +69,70 @@ def rebalance(blocks, work, limit, nets, net_weights, k):
             fits[source] = False
             if not fits.any():
                 continue
-            cost = np.where(fits, delta(v, source), np.iinfo(np.int64).max)
+            cost = np.where(fits, state.delta(v), np.iinfo(np.int64).max)
             target = int(np.argmin(cost))
             key = (int(cost[target]), -int(work[v]))
             if best is None or key < best[0]:
                 best = (key, v, target)
         if best is not None:
-            move(best[1], source, best[2])
+            state.move(best[1], best[2])
             continue
         # No vertex fits anywhere: swap v (source) with a lighter u (b) such
         # that both blocks end within the limit; the cheapest such swap
         # (the two moves' changes, each as if alone) wins.
         for v in np.flatnonzero((blocks == source) & (work > 0)):
-            cost_v = delta(v, source)
+            cost_v = state.delta(v)
             for u in np.flatnonzero((blocks != source) & (work > 0)
                                     & (work < work[v])):
                 b = blocks[u]
                 if (load[b] + work[v] - work[u] > limit
                         or load[source] - work[v] + work[u] > limit):
                     continue
-                key = (int(cost_v[b] + delta(u, b)[source]), 0)
+                key = (int(cost_v[b] + state.delta(u)[source]), 0)
                 if best is None or key < best[0]:
                     best = (key, v, u)
         if best is None:
             return assign_within_limit(blocks, work, limit, nets, net_weights, k)
         _, v, u = best
         b = int(blocks[u])
-        move(v, source, b)
-        move(u, b, source)
+        state.move(v, b)
+        state.move(u, source)
     return blocks, True
 
 
-def _incidence(blocks, nets, k):
-    """Pins of every net per block, ``(nets, k)``, and the nets of every vertex."""
-    count = np.zeros((len(nets), k), dtype=np.int64)
-    incident = [[] for _ in range(blocks.size)]
-    for e, pins in enumerate(nets):
-        np.add.at(count[e], blocks[pins], 1)
-        for v in pins:
-            incident[v].append(e)
-    return count, [np.array(e, dtype=np.int64) for e in incident]
+class _Blocks:
+    """A partition being repaired: blocks, block loads, and pins of every net
+    per block, kept in step by ``move``; ``delta`` prices a move."""
 
+    def __init__(self, blocks, work, nets, net_weights, k):
+        self.blocks = np.array(blocks, dtype=np.int64)
+        self.work = np.asarray(work, dtype=np.int64)
+        self.load = np.bincount(self.blocks, weights=self.work, minlength=k).astype(np.int64)
+        self.net_weights = np.asarray(net_weights, dtype=np.int64)
+        self.count = np.zeros((len(nets), k), dtype=np.int64)
+        incident = [[] for _ in range(self.blocks.size)]
+        for e, pins in enumerate(nets):
+            np.add.at(self.count[e], self.blocks[pins], 1)
+            for v in pins:
+                incident[v].append(e)
+        self.incident = [np.array(e, dtype=np.int64) for e in incident]
 
-def _move_delta(v, source, count, incident, net_weights):
-    """Objective change of moving ``v`` alone from ``source`` to each block."""
-    nets_v = incident[v]
-    # Leaving ``source`` saves w_e where v is its only pin there; joining
-    # block b costs w_e where b had no pin of the net.
-    saved = (net_weights[nets_v] * (count[nets_v, source] == 1)).sum()
-    added = (net_weights[nets_v, None] * (count[nets_v] == 0)).sum(axis=0)
-    return added - saved
+    def delta(self, v):
+        """Objective change of moving ``v`` alone from its block to each block."""
+        nets_v, source = self.incident[v], self.blocks[v]
+        # Leaving ``source`` saves w_e where v is its only pin there; joining
+        # block b costs w_e where b had no pin of the net.
+        saved = (self.net_weights[nets_v] * (self.count[nets_v, source] == 1)).sum()
+        added = (self.net_weights[nets_v, None] * (self.count[nets_v] == 0)).sum(axis=0)
+        return added - saved
+
+    def move(self, v, target):
+        source = self.blocks[v]
+        self.count[self.incident[v], source] -= 1
+        self.count[self.incident[v], target] += 1
+        self.load[source] -= self.work[v]
+        self.load[target] += self.work[v]
+        self.blocks[v] = target
 
 
 def assign_within_limit(blocks, work, limit, nets, net_weights, k, time_limit=30.0):
@@ -163,14 +163,11 @@ def assign_within_limit(blocks, work, limit, nets, net_weights, k, time_limit=30
         >>> ok, np.bincount(blocks, weights=[3, 3, 3, 2, 2, 2]).tolist()
         (True, [8.0, 7.0])
     """
-    blocks = np.array(blocks, dtype=np.int64)
-    work = np.asarray(work, dtype=np.int64)
+    state = _Blocks(blocks, work, nets, net_weights, k)
+    blocks, work = state.blocks, state.work
     movable = np.flatnonzero(work > 0)
     m = movable.size
-    count, incident = _incidence(blocks, nets, k)
-    net_weights = np.asarray(net_weights, dtype=np.int64)
-    costs = np.array([_move_delta(v, blocks[v], count, incident, net_weights)
-                      for v in movable], dtype=np.float64).reshape(m, k)
+    costs = np.array([state.delta(v) for v in movable], dtype=np.float64).reshape(m, k)
     moved = np.arange(k)[None, :] != blocks[movable][:, None]
     costs[~moved] = 0.0  # staying costs nothing
     # Below 1 in total, so the fewest moves only break ties.
@@ -186,36 +183,29 @@ def assign_within_limit(blocks, work, limit, nets, net_weights, k, time_limit=30
                   options={"time_limit": float(time_limit)})
     if result.x is None:
         return blocks, False
-    assigned = blocks.copy()
-    assigned[movable] = np.argmax(result.x.reshape(m, k), axis=1)
-    if np.bincount(assigned, weights=work, minlength=k).max() > limit:
+    assigned = np.argmax(result.x.reshape(m, k), axis=1)
+    if np.bincount(assigned, weights=work[movable], minlength=k).max() > limit:
         return blocks, False
-    return _improve(assigned, work, limit, nets, net_weights, k), True
+    for v, target in zip(movable, assigned):
+        state.move(v, target)
+    return _improve(state, limit), True
 
 
-def _improve(blocks, work, limit, nets, net_weights, k):
+def _improve(state, limit):
     """Applies the best single move that lowers the objective within ``limit``
-    until none does (each lowers the integer objective, so this ends)."""
-    load = np.bincount(blocks, weights=work, minlength=k).astype(np.int64)
-    count, incident = _incidence(blocks, nets, k)
-    movable = np.flatnonzero(work > 0)
+    until none does (each lowers the integer objective, so this ends);
+    returns the blocks."""
+    movable = np.flatnonzero(state.work > 0)
     while True:
         best = (0, None, None)
         for v in movable:
-            source = blocks[v]
-            delta = _move_delta(v, source, count, incident, net_weights)
-            fits = load + work[v] <= limit
-            fits[source] = False
+            delta = state.delta(v)
+            fits = state.load + state.work[v] <= limit
+            fits[state.blocks[v]] = False
             if fits.any():
                 target = int(np.flatnonzero(fits)[np.argmin(delta[fits])])
                 if delta[target] < best[0]:
                     best = (int(delta[target]), v, target)
         if best[1] is None:
-            return blocks
-        _, v, target = best
-        source = blocks[v]
-        count[incident[v], source] -= 1
-        count[incident[v], target] += 1
-        load[source] -= work[v]
-        load[target] += work[v]
-        blocks[v] = target
+            return state.blocks
+        state.move(best[1], best[2])
