@@ -255,12 +255,12 @@ def _horovod_devices(local_devices):
         raise invalid("devices", '"horovod" after hvd.init() (one stage per process)',
                       "horovod")
     if local_devices is not None:
-        if (isinstance(local_devices, str) or not isinstance(local_devices, (list, tuple))
-                or not local_devices or not all(isinstance(d, str) for d in local_devices)):
+        # Checked as stages of one device each: one group, no nested lists.
+        entries = _check_devices(local_devices, "local_devices")
+        if any(len(entry) != 1 for entry in entries):
             raise invalid("local_devices", "a non-empty list of this process's device "
                           "names", local_devices)
-        group = [entry[0] for entry in _check_devices(list(local_devices), "local_devices")]
-        return hvd, [group] * hvd.size()
+        return hvd, [[entry[0] for entry in entries]] * hvd.size()
     gpus = tf.config.list_logical_devices("GPU")
     local = gpus[hvd.local_rank() % len(gpus)].name if gpus else (
         tf.config.list_logical_devices("CPU")[0].name)
