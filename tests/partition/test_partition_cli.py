@@ -77,3 +77,25 @@ def test_saved_model_with_a_dense_classifier_partitions_its_sparse_layers(tmp_pa
     error = capsys.readouterr().err
     assert 'invalid value for "--model", expected a saved model with SparseDense' in error
     assert "layers with weights: Dense" in error
+
+
+def test_bound_table_matches_volume_lower_bound(tmp_path, capsys):
+    from tfsparse.partition import partition_rows
+    from tfsparse.partition import volume_lower_bound
+
+    model = keras.Sequential([keras.Input((24,)),
+                              SparseDense(24, density=0.3, seed=0),
+                              SparseDense(24, density=0.3, seed=1)])
+    path = tmp_path / "model.keras"
+    model.save(path)
+    code = main(["--model", str(path), "-k", "2", "--methods", "hypergraph",
+                 "random", "--bound", "--plot", str(tmp_path / "b.png"),
+                 "--no-progress"])
+    out = capsys.readouterr().out
+    assert code == 0
+    bound = int(volume_lower_bound(model, 2).sum())
+    random_volume = partition_rows(model, 2, "random").volume
+    hyper = partition_rows(model, 2, "hypergraph").volume
+    assert "Any partition within epsilon sends at least:" in out
+    assert (f"| 2 | {bound} | {bound / random_volume:.3f} | "
+            f"{hyper / bound:.2f} | {random_volume / bound:.2f} |") in out

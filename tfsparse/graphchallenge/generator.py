@@ -120,8 +120,8 @@ def shift_sum_matrix(neurons, stride, connections, offset=0, weight=DEFAULT_WEIG
     ``i`` has its nonzeros in the columns ``(i + offset + d * stride) % neurons``.
 
     Example:
-        >>> shift_sum_matrix(8, stride=2, connections=2).toarray()[0]
-        array([0.0625, 0.    , 0.0625, 0.    , 0.    , 0.    , 0.    , 0.    ], dtype=float32)
+        >>> shift_sum_matrix(8, stride=2, connections=2).toarray()[0].tolist()
+        [0.0625, 0.0, 0.0625, 0.0, 0.0, 0.0, 0.0, 0.0]
     """
     shifts = (offset + stride * np.arange(connections, dtype=np.int64)) % neurons
     if len(np.unique(shifts)) != connections:

@@ -7,9 +7,11 @@ communication volume and load imbalance per layer.
 ``python -m tfsparse.partition`` compares the methods on a network.
 ``distribute`` runs a SparseDense model partitioned over Horovod ranks
 (``model.fit`` under ``horovodrun``) and ``collect_weights`` brings the
-weights back.
+weights back. ``volume_lower_bound`` proves how few words any balanced
+partition of a network can send.
 """
 
+from tfsparse.partition.bound import volume_lower_bound
 from tfsparse.partition.compare import compare_methods
 from tfsparse.partition.distributed import collect_weights
 from tfsparse.partition.distributed import distribute
@@ -32,4 +34,5 @@ __all__ = [
     "network_plans",
     "partition_rows",
     "relabel_neurons",
+    "volume_lower_bound",
 ]

@@ -4,7 +4,9 @@ Partitions a generated Graph Challenge network (RadiX-Net, ``--neurons``,
 ``--layers``) or the SparseDense layers of a saved Keras model (``--model``) into
 ``k`` parts with every method, prints a Markdown table (volume in words per
 sample, ratio to random, busiest sender, load imbalance, time) and writes a
-PNG bar chart of volume and imbalance per method.
+PNG bar chart of volume and imbalance per method. ``--bound`` adds the fewest
+words any partition within epsilon can send (``volume_lower_bound``), to tell
+how far each method can be from the best partition.
 
 Example:
     python -m tfsparse.partition --neurons 1024 --layers 12 -k 2 4 8 16
@@ -18,7 +20,9 @@ import sys
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from tfsparse.partition.compare import compare_methods  # noqa: E402
+from tfsparse.partition.compare import format_bounds  # noqa: E402
 from tfsparse.partition.compare import format_table  # noqa: E402
+from tfsparse.partition.compare import lower_bounds  # noqa: E402
 from tfsparse.partition.compare import plot_comparison  # noqa: E402
 from tfsparse.partition.networks import relabel_neurons  # noqa: E402
 from tfsparse.partition.rows import METHODS  # noqa: E402
@@ -55,6 +59,9 @@ def parse_args(argv):
                         help="PNG bar chart to write")
     parser.add_argument("--save-dir", type=pathlib.Path, default=None,
                         help="also save every partition there as .npz")
+    parser.add_argument("--bound", action="store_true",
+                        help="also compute the volume lower bound of any "
+                             "partition within epsilon (slow on large layers)")
     parser.add_argument("--no-progress", action="store_true",
                         help="hide the progress bar")
     args = parser.parse_args(argv)
@@ -109,12 +116,18 @@ def main(argv=None):
         rows = compare_methods(kernels, args.k, args.methods, args.epsilon,
                                args.seed, progress=not args.no_progress,
                                refine=args.refine, threads=args.threads)
+        bounds = (lower_bounds(kernels, args.k, args.epsilon,
+                               progress=not args.no_progress)
+                  if args.bound else None)
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     print(f"{description}: {sum(k.nnz for k in kernels)} edges, "
           f"epsilon={args.epsilon}")
     print(format_table(rows))
+    if bounds is not None:
+        print("\nAny partition within epsilon sends at least:")
+        print(format_bounds(bounds, rows))
     plot_comparison(rows, args.plot, title=description, epsilon=args.epsilon)
     print(f"chart: {args.plot}")
     if args.save_dir is not None:

@@ -1,7 +1,10 @@
 """Side-by-side comparison of the partitioning methods: table and bar chart."""
 
+import time
+
 from tqdm.auto import tqdm
 
+from tfsparse.partition.bound import volume_lower_bound
 from tfsparse.partition.rows import METHODS
 from tfsparse.partition.rows import partition_rows
 
@@ -57,6 +60,55 @@ def format_table(rows):
         lines.append(f"| {r['k']} | {r['method']} | {r['volume']} | {ratio} "
                      f"| {r['max_volume']} | {r['imbalance']:.4f} "
                      f"| {r['seconds']:.2f} |")
+    return "\n".join(lines)
+
+
+def lower_bounds(kernels, ks, epsilon=0.03, progress=False):
+    """The fewest words any partition within ``epsilon`` sends, for each k.
+
+    Args:
+        kernels: list of kernels ``(n_{l-1}, n_l)`` or a SparseDense model.
+        ks: iterable of worker counts.
+        epsilon: allowed load imbalance.
+        progress: show a progress bar over the ``k``.
+
+    Returns:
+        A list of dicts with keys ``k``, ``lower_bound`` (the network's
+        ``volume_lower_bound``, summed over layers) and ``seconds``.
+
+    Example:
+        >>> import numpy as np
+        >>> lower_bounds([np.ones((3, 4))], [2])[0]["lower_bound"]
+        3
+    """
+    bounds = []
+    for k in tqdm(list(ks), desc="lower bounds", disable=not progress):
+        start = time.perf_counter()
+        bound = int(volume_lower_bound(kernels, k, epsilon).sum())
+        bounds.append({"k": k, "lower_bound": bound,
+                       "seconds": time.perf_counter() - start})
+    return bounds
+
+
+def format_bounds(bounds, rows):
+    """Returns a Markdown table of ``lower_bounds`` next to ``compare_methods`` rows.
+
+    Columns: the bound, its ratio to random's volume and each method's
+    volume over the bound (how far it can be from the best partition).
+    """
+    volume = {(r["k"], r["method"]): r["volume"] for r in rows}
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    lines = ["| k | lower bound (words/sample) | vs random | "
+             + " | ".join(f"{m} / bound" for m in methods) + " | time (s) |",
+             "|---:|---:|---:|" + "---:|" * len(methods) + "---:|"]
+    for b in bounds:
+        k, bound = b["k"], b["lower_bound"]
+        base = volume.get((k, "random"))
+        ratio = f"{bound / base:.3f}" if base else "-"
+        over = [f"{volume[(k, m)] / bound:.2f}" if bound and (k, m) in volume
+                else "-" for m in methods]
+        lines.append(f"| {k} | {bound} | {ratio} | " + " | ".join(over)
+                     + f" | {b['seconds']:.1f} |")
     return "\n".join(lines)
 
 

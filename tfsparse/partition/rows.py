@@ -77,7 +77,8 @@ def kernels_of(weights):
     return list(weights)
 
 
-def _check_chain(kernels):
+def check_chain(kernels):
+    """Checks that the kernels' shapes chain; returns the layer sizes."""
     shapes = [tuple(int(d) for d in np.shape(kernel)) for kernel in kernels]
     if not shapes:
         raise ValueError('Received an invalid value for "weights", expected at '
@@ -99,11 +100,15 @@ def _check_chain(kernels):
     return [shapes[0][0]] + [shape[1] for shape in shapes]
 
 
-def _check_arguments(sizes, k, method, epsilon):
+def _check_method(method):
     if method not in METHODS:
         expected = ", ".join(f'"{m}"' for m in METHODS)
         raise ValueError(f'Received an invalid value for "method", expected '
                          f"one of {expected}. Received: method={method!r}")
+
+
+def check_workers(sizes, k, epsilon):
+    """Checks ``k`` and ``epsilon`` against a network's layer sizes."""
     if (isinstance(epsilon, bool) or not isinstance(epsilon, (int, float))
             or not 0.0 <= epsilon < 1.0):
         raise ValueError('Received an invalid value for "epsilon", expected a '
@@ -202,8 +207,9 @@ def partition_rows(weights, k, method="hypergraph", epsilon=0.03, seed=0, *,
         True
     """
     kernels = kernels_of(weights)
-    sizes = _check_chain(kernels)
-    _check_arguments(sizes, k, method, epsilon)
+    sizes = check_chain(kernels)
+    _check_method(method)
+    check_workers(sizes, k, epsilon)
     _check_hypergraph_options(lookahead, refine, runs, preset)
     k = int(k)
     patterns = [pattern_matrix(kernel) for kernel in kernels]
