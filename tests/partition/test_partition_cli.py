@@ -25,12 +25,19 @@ def test_radixnet_comparison_table_chart_and_partitions(tmp_path, capsys):
     assert f"| 4 | hypergraph | {saved.volume} |" in out
 
 
-def test_saved_model_and_errors(tmp_path, capsys):
-    model = keras.Sequential([keras.Input((12,)),
-                              SparseDense(10, density=0.4, seed=0),
-                              SparseDense(8, density=0.4, seed=1)])
-    path = tmp_path / "model.keras"
+def save_sparse_model(directory, widths, density):
+    """Saves a chain of SparseDense layers (``widths[0]`` inputs) as model.keras."""
+    model = keras.Sequential(
+        [keras.Input((widths[0],))]
+        + [SparseDense(width, density=density, seed=index)
+           for index, width in enumerate(widths[1:])])
+    path = directory / "model.keras"
     model.save(path)
+    return model, path
+
+
+def test_saved_model_and_errors(tmp_path, capsys):
+    model, path = save_sparse_model(tmp_path, (12, 10, 8), 0.4)
     code = main(["--model", str(path), "-k", "2", "--methods", "block",
                  "random", "--plot", str(tmp_path / "m.png"), "--no-progress"])
     out = capsys.readouterr().out
@@ -83,11 +90,7 @@ def test_bound_table_matches_volume_lower_bound(tmp_path, capsys):
     from tfsparse.partition import partition_rows
     from tfsparse.partition import volume_lower_bound
 
-    model = keras.Sequential([keras.Input((24,)),
-                              SparseDense(24, density=0.3, seed=0),
-                              SparseDense(24, density=0.3, seed=1)])
-    path = tmp_path / "model.keras"
-    model.save(path)
+    model, path = save_sparse_model(tmp_path, (24, 24, 24), 0.3)
     code = main(["--model", str(path), "-k", "2", "--methods", "hypergraph",
                  "random", "--bound", "--plot", str(tmp_path / "b.png"),
                  "--no-progress"])
