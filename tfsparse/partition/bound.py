@@ -154,10 +154,10 @@ def layer_volume_lower_bound(kernel, k, epsilon=0.03, steps=150):
 def volume_lower_bound(weights, k, epsilon=0.03, steps=150, progress=False):
     """Per layer, words that every partition within ``epsilon`` sends at least.
 
-    A certificate for ``partition_rows``: its ``Partition.layer_volume`` is
-    never below this, for any method, and no partition of the network whose
-    layers are all within ``epsilon`` sends fewer than ``sum`` of it. See the
-    module docstring for the argument.
+    A certificate: no partition of the network whose layers are all within
+    ``epsilon`` (as ``partition_rows(..., "hypergraph")`` returns wherever
+    the neurons' work allows) has a ``Partition.layer_volume`` below it, nor
+    a volume below its ``sum``. See the module docstring for the argument.
 
     Args:
         weights: list of ``L`` kernels ``(n_{l-1}, n_l)`` or a SparseDense
