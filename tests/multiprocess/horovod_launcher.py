@@ -2,7 +2,8 @@
 
 ``run_script`` returns the job's output. For ``run_ranks`` the script gets the
 output folder as its first argument and writes ``rank{r}.json`` there for
-every rank; ``run_ranks`` returns those results.
+every rank; ``run_ranks`` returns those results, and ``assert_arrays_close``
+compares their lists of arrays.
 """
 
 import json
@@ -11,6 +12,7 @@ import shutil
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -39,3 +41,10 @@ def run_ranks(script, out, size=2, args=(), timeout=400):
         with open(os.path.join(out, f"rank{rank}.json")) as handle:
             results.append(json.load(handle))
     return results
+
+
+def assert_arrays_close(a, b, **tolerance):
+    """Asserts two equally long lists of arrays (as JSON results hold them) are close."""
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        np.testing.assert_allclose(np.array(x), np.array(y), **tolerance)

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from horovod_launcher import ROOT
+from horovod_launcher import assert_arrays_close
 from horovod_launcher import run_ranks
 from horovod_launcher import run_script
 from tfsparse.distribute.stages import plan_stages
@@ -28,12 +29,6 @@ def ranks(tmp_path_factory):
     return run_ranks(SCRIPT, out, size=2, timeout=TIMEOUT_S)
 
 
-def close(a, b):
-    assert len(a) == len(b)
-    for x, y in zip(a, b):
-        np.testing.assert_allclose(np.array(x), np.array(y), **TOLERANCE)
-
-
 @pytest.mark.parametrize("case", CASES)
 def test_processes_hold_the_same_model_and_results(ranks, case):
     first, second = (r[case]["processes"] for r in ranks)
@@ -52,16 +47,16 @@ def test_grouped_processes_equal_the_ungrouped_pipeline(ranks, case):
     got, local = ranks[0][case]["processes"], ranks[0][case]["devices"]
     assert got["plan"] == local["plan"]
     assert got["borrowed"] == local["borrowed"] == [0.0, 0.0]
-    close(got["weights"], local["weights"])
+    assert_arrays_close(got["weights"], local["weights"], **TOLERANCE)
     np.testing.assert_allclose(got["loss"], local["loss"], rtol=1e-5)
     np.testing.assert_allclose(got["evaluate"], local["evaluate"], rtol=1e-5)
-    close(got["predict"], local["predict"])
+    assert_arrays_close(got["predict"], local["predict"], **TOLERANCE)
 
 
 @pytest.mark.parametrize("case", ["gpipe", "1f1b", "first_only"])
 def test_grouped_synchronous_schedules_equal_training_with_gradient_accumulation(ranks, case):
     got, plain = ranks[0][case]["processes"], ranks[0][case]["plain"]
-    close(got["weights"], plain["weights"])
+    assert_arrays_close(got["weights"], plain["weights"], **TOLERANCE)
 
 
 def test_each_process_partitions_only_its_own_stage(ranks):

@@ -5,6 +5,7 @@ import os
 import numpy as np
 import pytest
 
+from horovod_launcher import assert_arrays_close
 from horovod_launcher import run_ranks
 
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pipeline_scripts",
@@ -19,12 +20,6 @@ TOLERANCE = dict(rtol=1e-5, atol=1e-5)
 def ranks(tmp_path_factory):
     out = tmp_path_factory.mktemp("pipeline_processes")
     return run_ranks(SCRIPT, out, size=2, timeout=TIMEOUT_S)
-
-
-def close(a, b):
-    assert len(a) == len(b)
-    for x, y in zip(a, b):
-        np.testing.assert_allclose(np.array(x), np.array(y), **TOLERANCE)
 
 
 def test_two_processes_ran(ranks):
@@ -45,7 +40,7 @@ def test_processes_equal_one_process_with_two_devices(ranks, case):
     # devices (LayerPipe: stage 0 borrows rows of layer 0 from stage 1).
     got, local = ranks[0][case]["processes"], ranks[0][case]["devices"]
     assert got["plan"] == local["plan"]
-    close(got["weights"], local["weights"])
+    assert_arrays_close(got["weights"], local["weights"], **TOLERANCE)
     np.testing.assert_allclose(got["loss"], local["loss"], rtol=1e-5)
     np.testing.assert_allclose(got["evaluate"], local["evaluate"], rtol=1e-5)
 
@@ -56,7 +51,7 @@ def test_layerpipe_plan_splits_layer_zero_across_processes(ranks):
 
 def test_gpipe_over_processes_equals_training_without_pipeline(ranks):
     got, plain = ranks[0]["gpipe"]["processes"], ranks[0]["gpipe"]["plain"]
-    close(got["weights"], plain["weights"])
+    assert_arrays_close(got["weights"], plain["weights"], **TOLERANCE)
 
 
 @pytest.mark.parametrize("kind", ["processes", "devices"])
@@ -74,6 +69,6 @@ def test_reported_losses_include_every_stages_penalties(ranks, kind):
     # losses would differ by this much.
     assert sum(plain["penalty"][:2]) > 0.1
     assert plain["penalty"][1] > 0.01 and plain["penalty"][3] > 0.01
-    close(got["weights"], plain["weights"])
+    assert_arrays_close(got["weights"], plain["weights"], **TOLERANCE)
     np.testing.assert_allclose(got["loss"], plain["loss"], rtol=1e-5)
     np.testing.assert_allclose(got["evaluate"], plain["evaluate"], rtol=1e-5)
