@@ -12,7 +12,7 @@ import horovod.tensorflow as hvd
 import tensorflow as tf
 
 from tfsparse.compression import ErrorFeedback
-from tfsparse.compression import _validation
+from tfsparse import _validation
 from tfsparse.compression.base import Compressor
 
 INDEX_BYTES = 4
