@@ -5,6 +5,14 @@ float tensor (int32 positions); ``compressor.decompress(values, indices, size)``
 rebuilds the dense tensor. The SIDCo threshold estimators are plain functions
 in `tfsparse.compression.thresholds`; `sidco_select` is SIDCo's hot path
 (a fused compiled op on CPU, pure TensorFlow elsewhere).
+
+Example:
+  >>> import tensorflow as tf
+  >>> from tfsparse.compression import TopK
+  >>> compressor = TopK(0.5)
+  >>> values, indices = compressor.compress(tf.constant([0.1, -3.0, 0.2, 2.0]))
+  >>> compressor.decompress(values, indices, 4).numpy().tolist()
+  [0.0, -3.0, 0.0, 2.0]
 """
 
 from tfsparse.compression import thresholds

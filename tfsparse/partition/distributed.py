@@ -19,6 +19,19 @@ the forward pass and as many in the backward pass; gathering the outputs
 sends ``owned outputs * (k - 1)`` more. With ``exchange_inputs=False`` (the
 default, every rank has the whole batch) the first layer reads its inputs
 from the batch and sends nothing.
+
+Example:
+  >>> import horovod.tensorflow as hvd
+  >>> import numpy as np
+  >>> from tfsparse import SparseDense, keras
+  >>> from tfsparse.partition import partition_rows
+  >>> hvd.init()  # under horovodrun -np k, each rank runs this
+  >>> model = keras.Sequential([keras.Input((8,)), SparseDense(6, density=0.5, seed=0),
+  ...                           SparseDense(4, density=0.5, seed=1)])
+  >>> local = distribute(model, partition_rows(model, hvd.size(), "block"))
+  >>> x = np.ones((2, 8), "float32")
+  >>> np.allclose(local(x), model(x), atol=1e-6)
+  True
 """
 
 import numpy as np
