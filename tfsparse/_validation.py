@@ -56,6 +56,12 @@ def _is_real(value):
     )
 
 
+def _checked(name, value, valid, expected, convert):
+    if not valid:
+        raise invalid_value(name, expected, value)
+    return convert(value)
+
+
 def check_positive_int(name, value):
     """Returns ``int(value)`` if it is an integer >= 1, else raises.
 
@@ -63,9 +69,7 @@ def check_positive_int(name, value):
       >>> check_positive_int("units", 8)
       8
     """
-    if not _is_integer(value) or value < 1:
-        raise invalid_value(name, "a positive integer", value)
-    return int(value)
+    return _checked(name, value, _is_integer(value) and value >= 1, "a positive integer", int)
 
 
 def check_non_negative_int(name, value):
@@ -75,9 +79,8 @@ def check_non_negative_int(name, value):
       >>> check_non_negative_int("seed", 0)
       0
     """
-    if not _is_integer(value) or value < 0:
-        raise invalid_value(name, "a non-negative integer", value)
-    return int(value)
+    return _checked(name, value, _is_integer(value) and value >= 0, "a non-negative integer",
+                    int)
 
 
 def check_fraction(name, value):
@@ -87,9 +90,7 @@ def check_fraction(name, value):
       >>> check_fraction("ratio", 1)
       1.0
     """
-    if not _is_real(value) or not 0 < value <= 1:
-        raise invalid_value(name, "a float in (0, 1]", value)
-    return float(value)
+    return _checked(name, value, _is_real(value) and 0 < value <= 1, "a float in (0, 1]", float)
 
 
 def check_non_negative_float(name, value):
@@ -99,9 +100,8 @@ def check_non_negative_float(name, value):
       >>> check_non_negative_float("threshold", 0)
       0.0
     """
-    if not _is_real(value) or not 0 <= value < math.inf:
-        raise invalid_value(name, "a finite non-negative float", value)
-    return float(value)
+    return _checked(name, value, _is_real(value) and 0 <= value < math.inf,
+                    "a finite non-negative float", float)
 
 
 def one_of(choices):
@@ -134,6 +134,4 @@ def check_bool(name, value):
       >>> check_bool("fused", True)
       True
     """
-    if not isinstance(value, bool):
-        raise invalid_value(name, "a bool", value)
-    return value
+    return _checked(name, value, isinstance(value, bool), "a bool", bool)
