@@ -2,7 +2,7 @@
 
 import tensorflow as tf
 
-from tfsparse.compression import _validation
+from tfsparse import _validation
 
 NONFINITE_POLICIES = ("raise", "skip")
 
@@ -48,12 +48,12 @@ class ErrorFeedback(tf.Module):
         self._nonfinite = _validation.check_choice("nonfinite", nonfinite, NONFINITE_POLICIES)
         variables = list(variables)
         if not variables:
-            raise ValueError("ErrorFeedback needs at least one variable. Received: variables=[]")
+            raise _validation.invalid_value("variables", "at least one variable", variables)
         dtypes = {v.dtype.base_dtype for v in variables}
         if len(dtypes) != 1:
-            raise ValueError(
-                "ErrorFeedback compresses one buffer of a single dtype. Received variables "
-                f"of dtypes {sorted(d.name for d in dtypes)}"
+            raise _validation.invalid_value(
+                "variables", "variables of a single dtype (one buffer is compressed)",
+                received=f"variables of dtypes {sorted(d.name for d in dtypes)}",
             )
         self.dtype = variables[0].dtype.base_dtype
         self.variable_names = [v.name for v in variables]

@@ -10,7 +10,10 @@ import dataclasses
 
 import tensorflow as tf
 
+from tfsparse._framework_internal import count_steps
+from tfsparse._framework_internal import model_level_losses
 from tfsparse._keras import keras
+from tfsparse._validation import invalid_value as invalid
 from tfsparse.distribute import costs as _costs
 from tfsparse.distribute._executor import PipelineExecutor
 from tfsparse.distribute._executor import lent_rows
@@ -20,7 +23,6 @@ from tfsparse.distribute._inference import activation_spec
 from tfsparse.distribute._inference import pipelined_forward
 from tfsparse.distribute._partitioned import build_runs
 from tfsparse.distribute._partitioned import partitionable
-from tfsparse.distribute._validation import invalid
 from tfsparse.distribute.stages import check_stages
 from tfsparse.distribute.stages import plan_stages
 
@@ -43,15 +45,16 @@ class Binding:
     # ------------------------------------------------------------ planning
     def layers(self):
         if self._layers is None:
-            if getattr(self.model, "_callable_losses", None):
+            model_losses = model_level_losses(self.model)
+            if model_losses:
                 # Each stage adds its own layers' losses; one added to the
                 # model as a whole belongs to no stage and would be lost.
-                raise ValueError(
-                    "PipelineStrategy adds the losses of the model's layers (their "
-                    "regularizers and add_loss calls) to the training loss, but not a "
-                    "loss added to the model itself. Received: a model with "
-                    f"{len(self.model._callable_losses)} model.add_loss loss(es); add it "
-                    "from a layer's call() or as a layer's regularizer instead.")
+                raise invalid(
+                    "model", "no loss added to the model itself (PipelineStrategy adds "
+                    "the losses of the model's layers, their regularizers and add_loss "
+                    "calls, to the training loss: add it from a layer's call() or as a "
+                    "layer's regularizer instead)",
+                    received=f"a model with {len(model_losses)} model.add_loss loss(es)")
             layers = _costs.chain_layers(self.model)
             stages = self.strategy.num_stages
             if stages > len(layers):
@@ -314,13 +317,13 @@ class Binding:
         self._inference().prepare(self.model, batches)
         logs = dict(self._run_window("evaluate", self.evaluate_window, batches))
         logs.pop(SINK, None)  # see tfsparse.distribute._horovod
-        self.model._test_counter.assign_add(len(batches))
+        count_steps(self.model, "test", len(batches))
         return logs
 
     def predict_function(self, iterator):
         batches = self._next_window(iterator)
         outputs, _ = self._run_window("predict", self.predict_window, batches)
-        self.model._predict_counter.assign_add(len(batches))
+        count_steps(self.model, "predict", len(batches))
         return outputs
 
     def _run_window(self, kind, window, batches):

@@ -48,7 +48,7 @@ import numpy as np
 import scipy.sparse
 import tensorflow as tf
 
-from tfsparse.distribute._validation import invalid
+from tfsparse._validation import invalid_value as invalid
 from tfsparse.layers import SparseDense
 from tfsparse.ops import SparsityPattern
 from tfsparse.ops import sparse_matmul

@@ -16,12 +16,12 @@ import functools
 import tensorflow as tf
 
 from tfsparse._keras import keras
+from tfsparse._validation import check_choice
+from tfsparse._validation import check_positive_int
+from tfsparse._validation import invalid_value as invalid
 from tfsparse.distribute._binding import Binding
 from tfsparse.distribute._partitioned import DEFAULT_METHOD
 from tfsparse.distribute._partitioned import check_partition_argument
-from tfsparse.distribute._validation import check_choice
-from tfsparse.distribute._validation import check_positive_int
-from tfsparse.distribute._validation import invalid
 from tfsparse.distribute.schedules import SCHEDULES
 from tfsparse.distribute.simulator import simulate as _simulate
 from tfsparse.distribute.stages import check_costs

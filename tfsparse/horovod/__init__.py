@@ -4,6 +4,19 @@
 `CompressedExchange` is the framework-neutral part (compress, allgather,
 average) it is built on; `MetricAverageCallback` is Horovod's, given the
 Keras 2 backend it needs when Keras 3 is installed too.
+
+Example:
+  >>> import horovod.tensorflow.keras as hvd
+  >>> import numpy as np
+  >>> from tfsparse import keras
+  >>> from tfsparse.horovod import MetricAverageCallback
+  >>> hvd.init()
+  >>> model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+  >>> model.compile(optimizer="sgd", loss="mse")
+  >>> history = model.fit(np.ones((4, 2)), np.ones((4, 1)), verbose=0,
+  ...                     callbacks=[MetricAverageCallback()])  # loss averaged over ranks
+  >>> sorted(history.history)
+  ['loss']
 """
 
 from tfsparse.horovod.exchange import CompressedExchange

@@ -6,13 +6,25 @@ variable, or one per dtype when fused) and the statistics of the last step;
 Horovod's ``Compression`` hook cannot carry sparse payloads (it feeds an
 element-wise allreduce that needs equal shapes), so the values and indices go
 through ``hvd.allgather``, which accepts a different length on every rank.
+
+Example:
+  >>> import horovod.tensorflow as hvd
+  >>> import tensorflow as tf
+  >>> from tfsparse.compression import TopK
+  >>> hvd.init()
+  >>> weights = tf.Variable(tf.zeros([4]))
+  >>> exchange = CompressedExchange(TopK(0.5))
+  >>> exchange.build([weights])
+  >>> [averaged] = exchange.exchange([tf.constant([0.1, -3.0, 0.2, 2.0])], [weights])
+  >>> averaged.numpy().tolist()  # one rank: the two largest; the rest waits in the residual
+  [0.0, -3.0, 0.0, 2.0]
 """
 
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
 from tfsparse.compression import ErrorFeedback
-from tfsparse.compression import _validation
+from tfsparse import _validation
 from tfsparse.compression.base import Compressor
 
 INDEX_BYTES = 4

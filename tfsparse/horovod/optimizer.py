@@ -4,7 +4,7 @@ import tensorflow as tf
 
 from tfsparse._keras import keras
 from tfsparse.compression import SIDCo
-from tfsparse.compression import _validation
+from tfsparse import _validation
 from tfsparse.horovod.exchange import CompressedExchange
 
 _OPTIMIZER_TYPES = (keras.optimizers.Optimizer, keras.optimizers.legacy.Optimizer)

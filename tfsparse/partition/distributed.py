@@ -19,6 +19,19 @@ the forward pass and as many in the backward pass; gathering the outputs
 sends ``owned outputs * (k - 1)`` more. With ``exchange_inputs=False`` (the
 default, every rank has the whole batch) the first layer reads its inputs
 from the batch and sends nothing.
+
+Example:
+  >>> import horovod.tensorflow as hvd
+  >>> import numpy as np
+  >>> from tfsparse import SparseDense, keras
+  >>> from tfsparse.partition import partition_rows
+  >>> hvd.init()  # under horovodrun -np k, each rank runs this
+  >>> model = keras.Sequential([keras.Input((8,)), SparseDense(6, density=0.5, seed=0),
+  ...                           SparseDense(4, density=0.5, seed=1)])
+  >>> local = distribute(model, partition_rows(model, hvd.size(), "block"))
+  >>> x = np.ones((2, 8), "float32")
+  >>> np.allclose(local(x), model(x), atol=1e-6)
+  True
 """
 
 import numpy as np
@@ -26,6 +39,7 @@ import scipy.sparse
 import tensorflow as tf
 
 from tfsparse._keras import keras
+from tfsparse._validation import invalid_value
 from tfsparse.ops import SparsityPattern
 from tfsparse.ops import sparse_matmul
 from tfsparse.partition.plan import network_plans
@@ -162,22 +176,18 @@ def _sparse_layers(model):
                          "activity_regularizer", "kernel_constraint",
                          "bias_constraint"):
                 if getattr(layer, name, None) is not None:
-                    raise ValueError(
-                        'Received an invalid value for "model", expected '
-                        "SparseDense layers without regularizers or "
-                        f"constraints. Received: layer {layer.name!r} with "
-                        f"{name}")
+                    raise invalid_value(
+                        "model", "SparseDense layers without regularizers or constraints",
+                        received=f"layer {layer.name!r} with {name}")
             layers.append(layer)
         elif layer.weights:
-            raise ValueError(
-                'Received an invalid value for "model", expected a model whose '
-                "layers with weights are all SparseDense. Received: layer "
-                f"{layer.name!r} of type {type(layer).__name__}")
+            raise invalid_value(
+                "model", "a model whose layers with weights are all SparseDense",
+                received=f"layer {layer.name!r} of type {type(layer).__name__}")
         elif not isinstance(layer, keras.layers.InputLayer):
-            raise ValueError(
-                'Received an invalid value for "model", expected only '
-                "SparseDense layers in sequence. Received: layer "
-                f"{layer.name!r} of type {type(layer).__name__}")
+            raise invalid_value(
+                "model", "only SparseDense layers in sequence",
+                received=f"layer {layer.name!r} of type {type(layer).__name__}")
     return layers
 
 
@@ -193,25 +203,22 @@ def global_kernel(layer):
 
 def _check_partition(partition, sizes, hvd):
     if partition.k != hvd.size():
-        raise ValueError(
-            'Received an invalid value for "partition", expected a partition '
-            f"into hvd.size()={hvd.size()} parts. Received: partition.k="
-            f"{partition.k}")
+        raise invalid_value(
+            "partition", f"a partition into hvd.size()={hvd.size()} parts",
+            received=f"partition.k={partition.k}")
     if partition.sizes != sizes:
-        raise ValueError(
-            'Received an invalid value for "partition", expected one for a '
-            f"network with layer sizes {sizes}. Received: partition.sizes="
-            f"{partition.sizes}")
+        raise invalid_value(
+            "partition", f"one for a network with layer sizes {sizes}",
+            received=f"partition.sizes={partition.sizes}")
     digest = np.array([int(o @ np.arange(1, o.size + 1) % 1000003)
                        for o in partition.owners], dtype=np.int64)
     digests = hvd.allgather_object(digest.tolist())
     if any(d != digests[0] for d in digests):
-        raise ValueError(
-            'Received an invalid value for "partition", expected the same '
-            "partition on every rank (Mt-KaHyPar with several threads is not "
-            "deterministic: partition on one rank and broadcast it, e.g. "
-            "partition = hvd.broadcast_object(partition, root_rank=0)). "
-            "Received: different owners on different ranks")
+        raise invalid_value(
+            "partition", "the same partition on every rank (Mt-KaHyPar with several "
+            "threads is not deterministic: partition on one rank and broadcast it, e.g. "
+            "partition = hvd.broadcast_object(partition, root_rank=0))",
+            received="different owners on different ranks")
 
 
 def distribute(model, partition, exchange_inputs=False):
@@ -252,10 +259,9 @@ def distribute(model, partition, exchange_inputs=False):
     rank, k = hvd.rank(), hvd.size()
     plans = network_plans(kernels, partition.owners, rank, k)
     if any(plan.owned_outputs.size == 0 for plan in plans):
-        raise ValueError(
-            'Received an invalid value for "partition", expected every rank '
-            f"to own outputs in every layer. Received: rank {rank} owns none "
-            "in some layer")
+        raise invalid_value(
+            "partition", "every rank to own outputs in every layer",
+            received=f"rank {rank} owns none in some layer")
     inputs = keras.Input((sizes[0],), dtype=layers[0].dtype)
     x = inputs
     if exchange_inputs:
