@@ -1,4 +1,4 @@
-"""The compressed gradient exchange, free of Keras: compress, allgather, average.
+"""The compressed gradient exchange, free of Keras: compress, allgather, combine.
 
 `CompressedExchange` holds the per-variable state (one `ErrorFeedback` per
 variable, or one per dtype when fused) and the statistics of the last step;
