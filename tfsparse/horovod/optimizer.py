@@ -87,7 +87,9 @@ def DistributedOptimizer(optimizer, compression=None, *, op=hvd.Average,
     (`compression`, `op`, `backward_passes_per_step`,
     `average_aggregated_gradients`, `sparse_as_dense`) mean what they mean
     there, with the same defaults: without `compression` the gradients take a
-    dense ``hvd.allreduce`` average, as in Horovod.
+    dense ``hvd.allreduce`` average, as in Horovod. Horovod's other arguments
+    (devices, ``gradient_predivide_factor``, groups, process sets,
+    ``scale_local_gradients``) are not offered.
 
     With a sparsifying `compression` (`SIDCo`, `TopK`, `DGC`, `RandomK`),
     every exchange each rank adds its error-feedback residual to its
