@@ -15,11 +15,8 @@ ALL_MODULES = ["tfsparse"] + sorted(
     for info in pkgutil.walk_packages(tfsparse.__path__, prefix="tfsparse.")
     if importlib.util.find_spec(info.name).origin.endswith(".py"))
 
-# Public modules that show no example yet, and why.
-WITHOUT_EXAMPLES = {
-    "tfsparse.ops.build": "the build command of the compiled kernels (issue 13 rewrites it)",
-    "tfsparse.ops.kernels": "the loader of the compiled kernels (issue 13 rewrites it)",
-}
+# Public modules that show no example yet, and why (none today).
+WITHOUT_EXAMPLES = {}
 
 
 def _is_private(name):

@@ -25,7 +25,7 @@ def model_and_data(optimizer=None):
     model = keras.Sequential([keras.layers.Dense(8, activation="relu", input_shape=(6,)),
                               keras.layers.Dense(1)])
     if optimizer is None:
-        optimizer = DistributedOptimizer(keras.optimizers.SGD(0.05), SIDCo(0.1))
+        optimizer = DistributedOptimizer(keras.optimizers.SGD(0.05), compression=SIDCo(0.1))
     model.compile(optimizer, "mse")
     rng = np.random.default_rng(0)
     x = rng.normal(size=(96, 6)).astype(np.float32)
