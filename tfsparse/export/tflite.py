@@ -1,0 +1,68 @@
+"""A Keras model with ``SparseDense`` layers as a TFLite model of builtin ops."""
+
+import tensorflow as tf
+
+from tfsparse._keras import keras
+from tfsparse.ops.tflite import tflite_compatible
+
+
+def to_tflite(model):
+    """Converts a float32 Keras model to a TFLite flatbuffer with builtin ops only.
+
+    ``SparseDense`` layers become gathers and sums over their nonzeros
+    (``tflite_compatible()``), so the model needs no Flex ops and its file
+    holds the nonzeros, not dense kernels. Other layers convert as
+    ``tf.lite.TFLiteConverter.from_keras_model`` converts them. The
+    interpreter's outputs equal the model's up to float32 rounding. No
+    quantization is applied; mixed-precision (float16, bfloat16) models are
+    refused, since TFLite's builtin ops compute in float32.
+
+    Args:
+      model: a built tf_keras ``Model`` whose layers compute in float32.
+
+    Returns:
+      The TFLite model, ``bytes`` (for ``tf.lite.Interpreter(model_content=...)``
+      or to write to a ``.tflite`` file).
+
+    Raises:
+      ValueError: for a model that is not a built tf_keras model computing in
+        float32.
+      tf.lite.ConverterError: if a layer needs ops that TFLite does not have
+        as builtins.
+
+    Example:
+      >>> import numpy as np, tensorflow as tf
+      >>> from tfsparse import SparseDense, keras
+      >>> model = keras.Sequential([keras.Input((8,)),
+      ...                           SparseDense(4, density=0.5, activation="relu")])
+      >>> interpreter = tf.lite.Interpreter(model_content=to_tflite(model))
+      >>> {op["op_name"] for op in interpreter._get_ops_details()} >= {"GATHER", "SUM"}
+      True
+    """
+    _check_model(model)
+    with tflite_compatible():
+        converter = tf.lite.TFLiteConverter.from_keras_model(model)
+        converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
+        return converter.convert()
+
+
+def _check_model(model):
+    if not isinstance(model, keras.Model):
+        raise ValueError(
+            'Received an invalid value for "model", expected a tf_keras Model. '
+            f"Received: model={type(model).__name__}"
+        )
+    if not model.built:
+        raise ValueError(
+            'Received an invalid value for "model", expected a built model (call '
+            "it on data or give it an Input first). Received: an unbuilt "
+            f"{type(model).__name__}"
+        )
+    for layer in model.submodules:
+        if isinstance(layer, keras.layers.Layer) and layer.compute_dtype != "float32":
+            raise ValueError(
+                'Received an invalid value for "model", expected layers that compute '
+                "in float32 (TFLite's builtin ops do; export a float32 copy of a "
+                f"mixed-precision model). Received: layer {layer.name!r} computes in "
+                f"{layer.compute_dtype} (dtype policy {layer.dtype_policy.name!r})"
+            )
