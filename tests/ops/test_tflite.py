@@ -91,7 +91,7 @@ def test_a_pattern_unknown_at_trace_time_is_refused():
         product(np.ones((2, 8), np.float32), pattern.rows)
     # tf.function prefixes the user code's frames to the message.
     assert (
-        'Received an invalid value for "pattern.rows", expected a pattern known when '
+        'Received an invalid value for "pattern.rows", expected an array known when '
         "the function is traced (a NumPy array, a constant or a variable) inside "
         "tfsparse.export.tflite_compatible(). Received: pattern.rows=<tf.Tensor 'rows:0' "
         "shape=(16,) dtype=int32>"
@@ -113,3 +113,35 @@ def test_scope_nests_restores_and_is_per_thread():
     with pytest.raises(RuntimeError), tflite_compatible():
         raise RuntimeError("leaves the scope")
     assert not in_tflite_compatible_scope()
+
+
+def test_densify_traces_a_matmul_with_the_kernel_as_a_constant():
+    pattern = SparsityPattern.random((8, 4), 0.5, seed=0)
+    values = tf.Variable(np.arange(1, pattern.nnz + 1, dtype=np.float32))
+    x = np.random.default_rng(0).standard_normal((3, 8)).astype(np.float32)
+    product = tf.function(lambda x: sparse_matmul(x, values, pattern))
+    with tflite_compatible(densify=True):
+        graph = product.get_concrete_function(x).graph
+        y = product(x)
+    kinds = {op.type for op in graph.get_operations()}
+    assert "MatMul" in kinds and "GatherV2" not in kinds, kinds
+    np.testing.assert_allclose(y.numpy(), x @ pattern.to_scipy(values.numpy()).toarray(),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_densify_refuses_a_kernel_too_large_for_a_graph():
+    pattern = SparsityPattern.random((32768, 16384), 1e-4, seed=0)
+    with tflite_compatible(densify=True), pytest.raises(ValueError) as error:
+        sparse_matmul(np.ones((1, 32768), np.float32), np.ones(pattern.nnz, np.float32), pattern)
+    assert str(error.value) == (
+        'Received an invalid value for "densify", expected False for a layer whose dense '
+        "kernel (32768 x 16384 float32, 2.0 GiB) does not fit the 2 GiB a graph or a "
+        "TFLite file holds. Received: densify=True")
+
+
+def test_densify_must_be_a_bool():
+    with pytest.raises(ValueError) as error, tflite_compatible(densify="yes"):
+        pass
+    assert str(error.value) == (
+        'Received an invalid value for "densify", expected True or False. '
+        "Received: densify='yes'")

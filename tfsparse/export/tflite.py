@@ -6,19 +6,27 @@ from tfsparse._keras import keras
 from tfsparse.ops.tflite import tflite_compatible
 
 
-def to_tflite(model):
+def to_tflite(model, densify=False):
     """Converts a float32 Keras model to a TFLite flatbuffer with builtin ops only.
 
     ``SparseDense`` layers become gathers and sums over their nonzeros
-    (``tflite_compatible()``), so the model needs no Flex ops and its file
-    holds the nonzeros, not dense kernels. Other layers convert as
-    ``tf.lite.TFLiteConverter.from_keras_model`` converts them. The
-    interpreter's outputs equal the model's up to float32 rounding. No
-    quantization is applied; mixed-precision (float16, bfloat16) models are
-    refused, since TFLite's builtin ops compute in float32.
+    (``tflite_compatible()``), so the model needs no Flex ops and both its
+    file and its memory at run time hold the nonzeros, not dense kernels.
+    Other layers convert as ``tf.lite.TFLiteConverter.from_keras_model``
+    converts them. The interpreter's outputs equal the model's up to float32
+    rounding. No quantization is applied; mixed-precision (float16, bfloat16)
+    models are refused, since TFLite's builtin ops compute in float32.
 
     Args:
       model: a built tf_keras ``Model`` whose layers compute in float32.
+      densify: ``True`` to write each ``SparseDense`` as a ``FULLY_CONNECTED``
+        layer instead, its kernel stored sparse in the file
+        (``tf.lite.Optimize.EXPERIMENTAL_SPARSITY``, lossless) and expanded to
+        a dense kernel when the interpreter loads it: inference as fast as a
+        ``Dense`` model's, memory as large. For layers a few percent dense at
+        batches past a few rows it is the faster choice
+        (``python benchmarks/tflite_latency.py``); the gathers are for very
+        sparse or large layers and small batches.
 
     Returns:
       The TFLite model, ``bytes`` (for ``tf.lite.Interpreter(model_content=...)``
@@ -26,7 +34,7 @@ def to_tflite(model):
 
     Raises:
       ValueError: for a model that is not a built tf_keras model computing in
-        float32.
+        float32, or ``densify`` for a kernel of 2 GiB or more.
       tf.lite.ConverterError: if a layer needs ops that TFLite does not have
         as builtins.
 
@@ -40,9 +48,11 @@ def to_tflite(model):
       True
     """
     _check_model(model)
-    with tflite_compatible():
+    with tflite_compatible(densify):
         converter = tf.lite.TFLiteConverter.from_keras_model(model)
         converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
+        if densify:
+            converter.optimizations = [tf.lite.Optimize.EXPERIMENTAL_SPARSITY]
         return converter.convert()
 
 

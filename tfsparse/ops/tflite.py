@@ -4,7 +4,8 @@ TFLite has no CSR op and cannot run tfsparse's compiled kernels, so
 ``tf.lite.TFLiteConverter`` rejects the graphs ``sparse_matmul`` normally
 traces. Inside ``tflite_compatible()`` it traces a gather-and-sum form
 (``tfsparse.ops._gather_products``) instead: TFLite builtins only, exact, and
-with the layer's nonzeros stored as they are (never a dense kernel).
+with the layer's nonzeros stored as they are; or, with ``densify=True``, a
+dense ``MatMul`` with the kernel as a constant.
 """
 
 import contextlib
@@ -21,11 +22,14 @@ from tfsparse.ops import _gather_products
 # most doubles the work.
 _MAX_PADDING_FACTOR = 2.0
 
+# Protocol buffers (a GraphDef) and flatbuffers (a TFLite file) hold < 2 GiB.
+_MAX_CONSTANT_BYTES = 2**31
+
 _scope = threading.local()
 
 
 @contextlib.contextmanager
-def tflite_compatible():
+def tflite_compatible(densify=False):
     """Traces sparse products with TFLite builtin ops while the scope is open.
 
     Functions traced inside the scope, by ``tf.lite.TFLiteConverter`` (which
@@ -36,6 +40,15 @@ def tflite_compatible():
     pattern is read when the function is traced (it is fixed, as the
     converter's frozen weights are); the values stay variables, so gradients
     are exact too. Already traced functions are not changed.
+
+    Args:
+      densify: ``True`` to trace each product as a dense ``MatMul`` with the
+        kernel (zeros included) as a constant read at trace time instead:
+        TFLite's ``FULLY_CONNECTED``, which its optimized kernels run faster
+        than the gathers at large batches while the layer is not very sparse,
+        at the memory of a dense kernel. Such a graph has no gradient with
+        respect to the values. ``tfsparse.export.to_tflite(model,
+        densify=True)`` also asks the converter to store the kernels sparse.
 
     Example:
       >>> import numpy as np, tensorflow as tf
@@ -48,12 +61,17 @@ def tflite_compatible():
       >>> sorted({op.type for op in graph.get_operations()} & {"GatherV2", "Sum"})
       ['GatherV2', 'Sum']
     """
-    previous = in_tflite_compatible_scope()
-    _scope.active = True
+    if not isinstance(densify, bool):
+        raise ValueError(
+            'Received an invalid value for "densify", expected True or False. '
+            f"Received: densify={densify!r}"
+        )
+    previous = (in_tflite_compatible_scope(), getattr(_scope, "densify", False))
+    _scope.active, _scope.densify = True, densify
     try:
         yield
     finally:
-        _scope.active = previous
+        _scope.active, _scope.densify = previous
 
 
 def in_tflite_compatible_scope():
@@ -75,12 +93,29 @@ def builtin_ops_product(x, values, pattern, bias=None):
     rows = _value_at_trace_time(pattern.rows, "pattern.rows")
     cols = _value_at_trace_time(pattern.cols, "pattern.cols")
     shape = tuple(int(s) for s in pattern.shape)
+    if getattr(_scope, "densify", False):
+        return _dense_constant_product(x, values, rows, cols, shape, bias)
     layout = _gather_products.PaddedColumns(rows, cols, shape)
     if layout.slots <= _MAX_PADDING_FACTOR * max(1, rows.size):
         return _gather_products.padded_columns_product(x, values, layout, bias)
     return _gather_products.segment_sum_product(
         x, values, tf.constant(rows, tf.int32), tf.constant(cols, tf.int32), shape[1], bias
     )
+
+
+def _dense_constant_product(x, values, rows, cols, shape, bias):
+    size = shape[0] * shape[1] * x.dtype.size
+    if size >= _MAX_CONSTANT_BYTES:
+        raise ValueError(
+            'Received an invalid value for "densify", expected False for a layer '
+            f"whose dense kernel ({shape[0]} x {shape[1]} {x.dtype.name}, "
+            f"{size / 2**30:.1f} GiB) does not fit the 2 GiB a graph or a TFLite "
+            "file holds. Received: densify=True"
+        )
+    kernel = np.zeros(shape, x.dtype.as_numpy_dtype)
+    kernel[rows, cols] = _value_at_trace_time(values, "values")
+    y = tf.matmul(x, kernel)
+    return y if bias is None else tf.nn.bias_add(y, bias)
 
 
 def _value_at_trace_time(array, name):
@@ -91,7 +126,7 @@ def _value_at_trace_time(array, name):
         value = tf.get_static_value(array)
         if value is None:
             raise ValueError(
-                f'Received an invalid value for "{name}", expected a pattern '
+                f'Received an invalid value for "{name}", expected an array '
                 "known when the function is traced (a NumPy array, a constant "
                 "or a variable) inside tfsparse.export.tflite_compatible(). "
                 f"Received: {name}={array!r}"

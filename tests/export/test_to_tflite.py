@@ -85,10 +85,11 @@ def _convert_builtins_only(converter):
 
 @pytest.mark.parametrize("name", sorted(MODELS))
 @pytest.mark.parametrize("batch", [1, 6])
-def test_to_tflite_outputs_equal_the_keras_model(name, batch):
+@pytest.mark.parametrize("densify", [False, True])
+def test_to_tflite_outputs_equal_the_keras_model(name, batch, densify):
     model = _model(name)
     x = _inputs(model, batch)
-    np.testing.assert_allclose(run_interpreter(to_tflite(model), x),
+    np.testing.assert_allclose(run_interpreter(to_tflite(model, densify=densify), x),
                                model.predict(x, verbose=0), **TOLERANCE)
 
 
@@ -104,6 +105,15 @@ def test_the_file_holds_the_nonzeros_and_one_gather_per_sparse_layer():
     # value and input index per nonzero, the Dense head, biases, and the
     # flatbuffer's few kilobytes of structure; dense kernels would not fit.
     assert len(flatbuffer) < 8 * nonzeros + 4 * (24 * 10 + 66) + 8192 < 4 * dense_kernels + 8192
+
+
+def test_densify_writes_fully_connected_layers_with_kernels_stored_sparse():
+    model = _model("mlp")
+    flatbuffer = to_tflite(model, densify=True)
+    ops = _op_names(flatbuffer)
+    assert "GATHER" not in ops and ops.count("FULLY_CONNECTED") == 3, ops
+    dense_kernels = 60 * 32 + 32 * 24
+    assert len(flatbuffer) < 4 * dense_kernels, len(flatbuffer)
 
 
 def test_from_keras_model_converts_inside_the_scope():
