@@ -4,7 +4,7 @@ Builds the 784-1024-1024-10 ReLU MLP of ``examples/mnist_sparse.py`` twice,
 with ``SparseDense`` hidden layers (``--density`` of the weights) and with
 ``Dense`` ones, trains both for ``--epochs`` on the shipped MNIST sample,
 converts the sparse one with ``tfsparse.export.to_tflite`` (gathers over the
-nonzeros, and with ``densify=True``) and the dense one with
+nonzeros, and with ``fully_connected=True``) and the dense one with
 ``tf.lite.TFLiteConverter.from_keras_model`` (all with builtin ops only),
 checks each interpreter's outputs against its Keras model on the 1,000
 test digits, and times ``invoke()`` of both interpreters interleaved in one
@@ -16,8 +16,12 @@ dense model's (the ratios the README quotes; above 1 is slower).
 uses) in place of the padded-columns form ``to_tflite`` picks, to show the
 choice.
 
+``--hidden`` and ``--density`` change the hidden layers (the example's are
+1024 units, 5% dense).
+
 Usage:
     python benchmarks/tflite_latency.py [--batches 1 256] [--threads 1] [--epochs 1] [--forms]
+        [--hidden 1024] [--density 0.05]
 """
 
 import argparse
@@ -41,7 +45,7 @@ from tfsparse.ops import tflite as tflite_ops  # noqa: E402
 from timing import interleaved_medians  # noqa: E402  (benchmarks/timing.py)
 
 SPARSE = "SparseDense"
-DENSIFIED = "SparseDense, densify=True"
+FULLY_CONNECTED = "SparseDense, fully_connected=True"
 SEGMENT_SUM = "SparseDense, segment sum"
 DENSE = "Dense"
 
@@ -55,9 +59,9 @@ def cpu_model():
         return platform.processor() or "unknown CPU"
 
 
-def build_mlp(hidden_layer, seed):
+def build_mlp(hidden_layer, hidden, seed):
     keras.utils.set_random_seed(seed)
-    return keras.Sequential([keras.Input((784,)), hidden_layer(1024), hidden_layer(1024),
+    return keras.Sequential([keras.Input((784,)), hidden_layer(hidden), hidden_layer(hidden),
                              keras.layers.Dense(10, activation="softmax")])
 
 
@@ -103,6 +107,7 @@ def main():
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 256])
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--density", type=float, default=0.05)
+    parser.add_argument("--hidden", type=int, default=1024, help="width of the hidden layers")
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=200,
                         help="timed runs per candidate at batch 1 (fewer for larger batches)")
@@ -114,17 +119,18 @@ def main():
     x_test = x_test.reshape(-1, 784).astype("float32") / 255
     models = {
         SPARSE: build_mlp(lambda units: SparseDense(units, density=args.density,
-                                                    activation="relu"), 0),
-        DENSE: build_mlp(lambda units: keras.layers.Dense(units, activation="relu"), 0),
+                                                    activation="relu"), args.hidden, 0),
+        DENSE: build_mlp(lambda units: keras.layers.Dense(units, activation="relu"),
+                         args.hidden, 0),
     }
     for name, model in models.items():
         if args.epochs > 0:  # latency does not depend on it; accuracy does
             model.compile("adam", "sparse_categorical_crossentropy")
             print(f"training {name} for {args.epochs} epoch(s)")
             model.fit(x_train, y_train, epochs=args.epochs, batch_size=64, verbose=2)
-    models[DENSIFIED] = models[SPARSE]
+    models[FULLY_CONNECTED] = models[SPARSE]
     flatbuffers = {DENSE: dense_tflite(models[DENSE]), SPARSE: to_tflite(models[SPARSE]),
-                   DENSIFIED: to_tflite(models[SPARSE], densify=True)}
+                   FULLY_CONNECTED: to_tflite(models[SPARSE], fully_connected=True)}
     if args.forms:
         models[SEGMENT_SUM] = models[SPARSE]
         flatbuffers[SEGMENT_SUM] = segment_sum_tflite(models[SPARSE])

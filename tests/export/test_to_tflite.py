@@ -85,12 +85,13 @@ def _convert_builtins_only(converter):
 
 @pytest.mark.parametrize("name", sorted(MODELS))
 @pytest.mark.parametrize("batch", [1, 6])
-@pytest.mark.parametrize("densify", [False, True])
-def test_to_tflite_outputs_equal_the_keras_model(name, batch, densify):
+@pytest.mark.parametrize("fully_connected", [False, True])
+def test_to_tflite_outputs_equal_the_keras_model(name, batch, fully_connected):
     model = _model(name)
     x = _inputs(model, batch)
-    np.testing.assert_allclose(run_interpreter(to_tflite(model, densify=densify), x),
-                               model.predict(x, verbose=0), **TOLERANCE)
+    flatbuffer = to_tflite(model, fully_connected=fully_connected)
+    np.testing.assert_allclose(run_interpreter(flatbuffer, x), model.predict(x, verbose=0),
+                               **TOLERANCE)
 
 
 def test_the_file_holds_the_nonzeros_and_one_gather_per_sparse_layer():
@@ -107,9 +108,9 @@ def test_the_file_holds_the_nonzeros_and_one_gather_per_sparse_layer():
     assert len(flatbuffer) < 8 * nonzeros + 4 * (24 * 10 + 66) + 8192 < 4 * dense_kernels + 8192
 
 
-def test_densify_writes_fully_connected_layers_with_kernels_stored_sparse():
+def test_fully_connected_layers_have_their_kernels_stored_sparse():
     model = _model("mlp")
-    flatbuffer = to_tflite(model, densify=True)
+    flatbuffer = to_tflite(model, fully_connected=True)
     ops = _op_names(flatbuffer)
     assert "GATHER" not in ops and ops.count("FULLY_CONNECTED") == 3, ops
     dense_kernels = 60 * 32 + 32 * 24

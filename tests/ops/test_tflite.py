@@ -115,12 +115,12 @@ def test_scope_nests_restores_and_is_per_thread():
     assert not in_tflite_compatible_scope()
 
 
-def test_densify_traces_a_matmul_with_the_kernel_as_a_constant():
+def test_fully_connected_traces_a_matmul_with_the_kernel_as_a_constant():
     pattern = SparsityPattern.random((8, 4), 0.5, seed=0)
     values = tf.Variable(np.arange(1, pattern.nnz + 1, dtype=np.float32))
     x = np.random.default_rng(0).standard_normal((3, 8)).astype(np.float32)
     product = tf.function(lambda x: sparse_matmul(x, values, pattern))
-    with tflite_compatible(densify=True):
+    with tflite_compatible(fully_connected=True):
         graph = product.get_concrete_function(x).graph
         y = product(x)
     kinds = {op.type for op in graph.get_operations()}
@@ -129,19 +129,19 @@ def test_densify_traces_a_matmul_with_the_kernel_as_a_constant():
                                rtol=1e-5, atol=1e-5)
 
 
-def test_densify_refuses_a_kernel_too_large_for_a_graph():
+def test_fully_connected_refuses_a_kernel_too_large_for_a_graph():
     pattern = SparsityPattern.random((32768, 16384), 1e-4, seed=0)
-    with tflite_compatible(densify=True), pytest.raises(ValueError) as error:
+    with tflite_compatible(fully_connected=True), pytest.raises(ValueError) as error:
         sparse_matmul(np.ones((1, 32768), np.float32), np.ones(pattern.nnz, np.float32), pattern)
     assert str(error.value) == (
-        'Received an invalid value for "densify", expected False for a layer whose dense '
+        'Received an invalid value for "fully_connected", expected False for a layer whose dense '
         "kernel (32768 x 16384 float32, 2.0 GiB) does not fit the 2 GiB a graph or a "
-        "TFLite file holds. Received: densify=True")
+        "TFLite file holds. Received: fully_connected=True")
 
 
-def test_densify_must_be_a_bool():
-    with pytest.raises(ValueError) as error, tflite_compatible(densify="yes"):
+def test_fully_connected_must_be_a_bool():
+    with pytest.raises(ValueError) as error, tflite_compatible(fully_connected="yes"):
         pass
     assert str(error.value) == (
-        'Received an invalid value for "densify", expected True or False. '
-        "Received: densify='yes'")
+        'Received an invalid value for "fully_connected", expected True or False. '
+        "Received: fully_connected='yes'")

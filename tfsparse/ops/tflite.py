@@ -4,7 +4,7 @@ TFLite has no CSR op and cannot run tfsparse's compiled kernels, so
 ``tf.lite.TFLiteConverter`` rejects the graphs ``sparse_matmul`` normally
 traces. Inside ``tflite_compatible()`` it traces a gather-and-sum form
 (``tfsparse.ops._gather_products``) instead: TFLite builtins only, exact, and
-with the layer's nonzeros stored as they are; or, with ``densify=True``, a
+with the layer's nonzeros stored as they are; or, with ``fully_connected=True``, a
 dense ``MatMul`` with the kernel as a constant.
 """
 
@@ -29,7 +29,7 @@ _scope = threading.local()
 
 
 @contextlib.contextmanager
-def tflite_compatible(densify=False):
+def tflite_compatible(fully_connected=False):
     """Traces sparse products with TFLite builtin ops while the scope is open.
 
     Functions traced inside the scope, by ``tf.lite.TFLiteConverter`` (which
@@ -42,13 +42,12 @@ def tflite_compatible(densify=False):
     are exact too. Already traced functions are not changed.
 
     Args:
-      densify: ``True`` to trace each product as a dense ``MatMul`` with the
-        kernel (zeros included) as a constant read at trace time instead:
-        TFLite's ``FULLY_CONNECTED``, which its optimized kernels run faster
-        than the gathers at large batches while the layer is not very sparse,
-        at the memory of a dense kernel. Such a graph has no gradient with
-        respect to the values. ``tfsparse.export.to_tflite(model,
-        densify=True)`` also asks the converter to store the kernels sparse.
+      fully_connected: ``True`` to trace each product as a ``MatMul`` with
+        the kernel (zeros included) as a constant read at trace time instead,
+        which TFLite converts to ``FULLY_CONNECTED``. The kernel must be under
+        2 GiB dense, and the graph has no gradient with respect to the
+        values. ``tfsparse.export.to_tflite(model, fully_connected=True)``
+        also has the converter store the kernel sparse.
 
     Example:
       >>> import numpy as np, tensorflow as tf
@@ -61,17 +60,17 @@ def tflite_compatible(densify=False):
       >>> sorted({op.type for op in graph.get_operations()} & {"GatherV2", "Sum"})
       ['GatherV2', 'Sum']
     """
-    if not isinstance(densify, bool):
+    if not isinstance(fully_connected, bool):
         raise ValueError(
-            'Received an invalid value for "densify", expected True or False. '
-            f"Received: densify={densify!r}"
+            'Received an invalid value for "fully_connected", expected True or False. '
+            f"Received: fully_connected={fully_connected!r}"
         )
-    previous = (in_tflite_compatible_scope(), getattr(_scope, "densify", False))
-    _scope.active, _scope.densify = True, densify
+    previous = (in_tflite_compatible_scope(), getattr(_scope, "fully_connected", False))
+    _scope.active, _scope.fully_connected = True, fully_connected
     try:
         yield
     finally:
-        _scope.active, _scope.densify = previous
+        _scope.active, _scope.fully_connected = previous
 
 
 def in_tflite_compatible_scope():
@@ -93,7 +92,7 @@ def builtin_ops_product(x, values, pattern, bias=None):
     rows = _value_at_trace_time(pattern.rows, "pattern.rows")
     cols = _value_at_trace_time(pattern.cols, "pattern.cols")
     shape = tuple(int(s) for s in pattern.shape)
-    if getattr(_scope, "densify", False):
+    if getattr(_scope, "fully_connected", False):
         return _dense_constant_product(x, values, rows, cols, shape, bias)
     layout = _gather_products.PaddedColumns(rows, cols, shape)
     if layout.slots <= _MAX_PADDING_FACTOR * max(1, rows.size):
@@ -107,10 +106,10 @@ def _dense_constant_product(x, values, rows, cols, shape, bias):
     size = shape[0] * shape[1] * x.dtype.size
     if size >= _MAX_CONSTANT_BYTES:
         raise ValueError(
-            'Received an invalid value for "densify", expected False for a layer '
+            'Received an invalid value for "fully_connected", expected False for a layer '
             f"whose dense kernel ({shape[0]} x {shape[1]} {x.dtype.name}, "
             f"{size / 2**30:.1f} GiB) does not fit the 2 GiB a graph or a TFLite "
-            "file holds. Received: densify=True"
+            "file holds. Received: fully_connected=True"
         )
     kernel = np.zeros(shape, x.dtype.as_numpy_dtype)
     kernel[rows, cols] = _value_at_trace_time(values, "values")
