@@ -95,7 +95,7 @@ def predict(interpreter, x):
     return interpreter.get_tensor(interpreter.get_output_details()[0]["index"])
 
 
-def check_outputs(name, flatbuffer, model, x, threads):
+def check_outputs(flatbuffer, model, x, threads):
     """Largest difference from Keras over the test digits, and the accuracy."""
     interpreter = interpreter_for(flatbuffer, len(x), threads)
     got = predict(interpreter, x)
@@ -140,7 +140,7 @@ def main():
           f"num_threads={args.threads}")
     print(f"{'model':<30} {'file KB':>8} {'max |TFLite - Keras|':>21} {'accuracy':>9}")
     for name, flatbuffer in flatbuffers.items():
-        difference, probabilities = check_outputs(name, flatbuffer, models[name], x_test,
+        difference, probabilities = check_outputs(flatbuffer, models[name], x_test,
                                                   args.threads)
         accuracy = float((probabilities.argmax(axis=1) == y_test).mean())
         print(f"{name:<30} {len(flatbuffer) / 1024:>8.0f} {difference:>21.2e} {accuracy:>9.4f}")

@@ -1,6 +1,7 @@
-"""Serve a SavedModel or a TFLite file with plain TensorFlow, in a process where tfsparse is absent.
+"""Serve a SavedModel or a TFLite file with plain TensorFlow, without tfsparse.
 
-    python examples/serve_saved_model.py SAVED_MODEL_DIR | MODEL.tflite --inputs X.npy [--labels Y.npy]
+    python examples/serve_saved_model.py SAVED_MODEL_DIR|MODEL.tflite --inputs X.npy
+        [--labels Y.npy]
 
 Loads the model with ``tf.saved_model.load``, or a ``.tflite`` file (written
 by ``tfsparse.export.to_tflite``) with ``tf.lite.Interpreter`` (no tfsparse,

@@ -75,7 +75,8 @@ def run_interpreter(flatbuffer, x):
 
 
 def _op_names(flatbuffer):
-    return [op["op_name"] for op in tf.lite.Interpreter(model_content=flatbuffer)._get_ops_details()]
+    interpreter = tf.lite.Interpreter(model_content=flatbuffer)
+    return [op["op_name"] for op in interpreter._get_ops_details()]
 
 
 def _convert_builtins_only(converter):

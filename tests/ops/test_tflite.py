@@ -105,7 +105,8 @@ def test_scope_nests_restores_and_is_per_thread():
         with tflite_compatible():
             assert in_tflite_compatible_scope()
         assert in_tflite_compatible_scope()
-        thread = threading.Thread(target=lambda: seen_in_thread.append(in_tflite_compatible_scope()))
+        thread = threading.Thread(
+            target=lambda: seen_in_thread.append(in_tflite_compatible_scope()))
         thread.start()
         thread.join()
     assert not in_tflite_compatible_scope()

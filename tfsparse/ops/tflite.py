@@ -4,8 +4,8 @@ TFLite has no CSR op and cannot run tfsparse's compiled kernels, so
 ``tf.lite.TFLiteConverter`` rejects the graphs ``sparse_matmul`` normally
 traces. Inside ``tflite_compatible()`` it traces a gather-and-sum form
 (``tfsparse.ops._gather_products``) instead: TFLite builtins only, exact, and
-with the layer's nonzeros stored as they are; or, with ``fully_connected=True``, a
-dense ``MatMul`` with the kernel as a constant.
+with the layer's nonzeros stored as they are; or, with
+``fully_connected=True``, a ``MatMul`` with the kernel as a dense constant.
 """
 
 import contextlib
