@@ -96,7 +96,7 @@ def predict(interpreter, x):
 
 
 def check_outputs(flatbuffer, model, x, threads):
-    """Largest difference from Keras over the test digits, and the accuracy."""
+    """Largest difference from Keras over ``x``, and the interpreter's outputs."""
     interpreter = interpreter_for(flatbuffer, len(x), threads)
     got = predict(interpreter, x)
     return float(np.abs(got - model.predict(x, verbose=0)).max()), got
@@ -138,12 +138,12 @@ def main():
     print(f"\nCPU: {cpu_model()}; TensorFlow {tf.__version__}, tf.lite.Interpreter with "
           f"its default op resolver (builtin kernels + XNNPACK delegate), "
           f"num_threads={args.threads}")
-    print(f"{'model':<30} {'file KB':>8} {'max |TFLite - Keras|':>21} {'accuracy':>9}")
+    print(f"{'model':<36} {'file KB':>8} {'max |TFLite - Keras|':>21} {'accuracy':>9}")
     for name, flatbuffer in flatbuffers.items():
         difference, probabilities = check_outputs(flatbuffer, models[name], x_test,
                                                   args.threads)
         accuracy = float((probabilities.argmax(axis=1) == y_test).mean())
-        print(f"{name:<30} {len(flatbuffer) / 1024:>8.0f} {difference:>21.2e} {accuracy:>9.4f}")
+        print(f"{name:<36} {len(flatbuffer) / 1024:>8.0f} {difference:>21.2e} {accuracy:>9.4f}")
 
     sparse_names = [name for name in flatbuffers if name != DENSE]
     print(f"\n{'batch':<5} " + " ".join(f"{name + ' ms':>28}" for name in flatbuffers)

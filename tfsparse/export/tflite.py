@@ -26,9 +26,9 @@ def to_tflite(model, fully_connected=False):
         it judges dense enough (5% here), expands it to a dense kernel when
         it loads the file (``DENSIFY``): memory as a ``Dense`` layer's, speed
         of TFLite's optimized dense kernels. Conversion builds each dense
-        kernel, which must be under 2 GiB. It was as fast as or faster than
-        the gathers in every configuration measured
-        (``python benchmarks/tflite_latency.py``).
+        kernel, which must be under 2 GiB. It tied with the gathers at batch
+        1 on 5%-dense layers and was faster everywhere else measured
+        (``python benchmarks/tflite_latency.py``, README "TFLite").
 
     Returns:
       The TFLite model, ``bytes`` (for ``tf.lite.Interpreter(model_content=...)``
