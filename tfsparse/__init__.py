@@ -20,6 +20,7 @@ from tfsparse._keras import keras  # noqa: F401  (selects tf_keras first)
 
 from tfsparse import compression
 from tfsparse import data
+from tfsparse import export
 from tfsparse import fssl
 from tfsparse import graphchallenge
 from tfsparse import layers
@@ -34,6 +35,7 @@ __all__ = [
     "SparseDense",
     "compression",
     "data",
+    "export",
     "fssl",
     "graphchallenge",
     "keras",

@@ -256,9 +256,12 @@ class SparseDense(keras.layers.Layer, tfmot.sparsity.keras.PrunableLayer):
         if inputs.shape.rank > 2:  # as Dense: the product acts on the last axis
             leading = tf.shape(inputs)[:-1]
             inputs = tf.reshape(inputs, [-1, inputs.shape[-1]])
+        # The pattern's variables themselves: a TFLite export reads them when
+        # tracing (tfsparse.export.tflite_compatible), other paths as tensors.
+        pattern = PatternTensors(self.pattern_rows, self.pattern_cols,
+                                 self.pattern_row_major_order, (self.input_dim, self.units))
         outputs = sparse_matmul(
-            inputs, self.values, self.pattern_tensors(),
-            bias=self.bias if self.use_bias else None,
+            inputs, self.values, pattern, bias=self.bias if self.use_bias else None,
         )
         if leading is not None:
             outputs = tf.reshape(outputs, tf.concat([leading, [self.units]], axis=0))
