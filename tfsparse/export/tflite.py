@@ -3,6 +3,7 @@
 import tensorflow as tf
 
 from tfsparse._keras import keras
+from tfsparse._validation import invalid_value
 from tfsparse.ops.tflite import tflite_compatible
 
 
@@ -60,21 +61,15 @@ def to_tflite(model, fully_connected=False):
 
 def _check_model(model):
     if not isinstance(model, keras.Model):
-        raise ValueError(
-            'Received an invalid value for "model", expected a tf_keras Model. '
-            f"Received: model={type(model).__name__}"
-        )
+        raise invalid_value("model", "a tf_keras Model", received=f"model={type(model).__name__}")
     if not model.built:
-        raise ValueError(
-            'Received an invalid value for "model", expected a built model (call '
-            "it on data or give it an Input first). Received: an unbuilt "
-            f"{type(model).__name__}"
-        )
+        raise invalid_value(
+            "model", "a built model (call it on data or give it an Input first)",
+            received=f"an unbuilt {type(model).__name__}")
     for layer in model.submodules:
         if isinstance(layer, keras.layers.Layer) and layer.compute_dtype != "float32":
-            raise ValueError(
-                'Received an invalid value for "model", expected layers that compute '
-                "in float32 (TFLite's builtin ops do; export a float32 copy of a "
-                f"mixed-precision model). Received: layer {layer.name!r} computes in "
-                f"{layer.compute_dtype} (dtype policy {layer.dtype_policy.name!r})"
-            )
+            raise invalid_value(
+                "model", "layers that compute in float32 (TFLite's builtin ops do; export a "
+                "float32 copy of a mixed-precision model)",
+                received=f"layer {layer.name!r} computes in {layer.compute_dtype} "
+                         f"(dtype policy {layer.dtype_policy.name!r})")

@@ -14,6 +14,7 @@ import threading
 import numpy as np
 import tensorflow as tf
 
+from tfsparse._validation import invalid_value
 from tfsparse.ops import _gather_products
 
 # The padded form computes units * fan_in products per input row against the
@@ -61,10 +62,7 @@ def tflite_compatible(fully_connected=False):
       ['GatherV2', 'Sum']
     """
     if not isinstance(fully_connected, bool):
-        raise ValueError(
-            'Received an invalid value for "fully_connected", expected True or False. '
-            f"Received: fully_connected={fully_connected!r}"
-        )
+        raise invalid_value("fully_connected", "True or False", fully_connected)
     previous = (in_tflite_compatible_scope(), getattr(_scope, "fully_connected", False))
     _scope.active, _scope.fully_connected = True, fully_connected
     try:
@@ -105,12 +103,10 @@ def builtin_ops_product(x, values, pattern, bias=None):
 def _dense_constant_product(x, values, rows, cols, shape, bias):
     size = shape[0] * shape[1] * x.dtype.size
     if size >= _MAX_CONSTANT_BYTES:
-        raise ValueError(
-            'Received an invalid value for "fully_connected", expected False for a layer '
-            f"whose dense kernel ({shape[0]} x {shape[1]} {x.dtype.name}, "
-            f"{size / 2**30:.1f} GiB) does not fit the 2 GiB a graph or a TFLite "
-            "file holds. Received: fully_connected=True"
-        )
+        raise invalid_value(
+            "fully_connected", f"False for a layer whose dense kernel ({shape[0]} x {shape[1]} "
+            f"{x.dtype.name}, {size / 2**30:.1f} GiB) does not fit the 2 GiB a graph or a TFLite "
+            "file holds", True)
     kernel = np.zeros(shape, x.dtype.as_numpy_dtype)
     kernel[rows, cols] = _value_at_trace_time(values, "values")
     y = tf.matmul(x, kernel)
@@ -124,11 +120,8 @@ def _value_at_trace_time(array, name):
     if tf.is_tensor(array):
         value = tf.get_static_value(array)
         if value is None:
-            raise ValueError(
-                f'Received an invalid value for "{name}", expected an array '
-                "known when the function is traced (a NumPy array, a constant "
-                "or a variable) inside tfsparse.export.tflite_compatible(). "
-                f"Received: {name}={array!r}"
-            )
+            raise invalid_value(
+                name, "an array known when the function is traced (a NumPy array, a constant "
+                "or a variable) inside tfsparse.export.tflite_compatible()", array)
         return np.asarray(value)
     return np.asarray(array)
