@@ -59,16 +59,16 @@ def unpartitionable_reason(layer):
       >>> print(unpartitionable_reason(SparseDense(4, density=0.5)))
       None
       >>> unpartitionable_reason(SparseDense(4, density=0.5, bias_constraint="non_neg"))
-      'it has a bias_constraint'
+      'its bias_constraint is set'
     """
     if not isinstance(layer, SparseDense):
         return f"it is a {type(layer).__name__}, not a SparseDense layer"
     rank = getattr(layer, "_input_rank", 2)  # known once built
     if rank != 2:
-        return f"it is applied to {rank}-D inputs, not to (batch, features)"
+        return f"it is applied to {rank}-D inputs, not to 2-D inputs (batch, features)"
     for name in WHOLE_LAYER_OPTIONS:
         if getattr(layer, name, None) is not None:
-            return f"it has a {name}"
+            return f"its {name} is set"
     return None
 
 
