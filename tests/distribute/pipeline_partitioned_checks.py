@@ -326,14 +326,11 @@ def inference(results):
 
 def softmax_mlp():
     keras.utils.set_random_seed(1)
-    return keras.Sequential([
-        keras.Input((12,)),
-        tfsparse.SparseDense(24, density=0.3, seed=1, activation="relu", name="sparse_0"),
-        tfsparse.SparseDense(20, density=0.3, seed=2, activation="softmax", name="sparse_1"),
-        tfsparse.SparseDense(16, density=0.3, seed=3, activation="tanh", name="sparse_2"),
-        tfsparse.SparseDense(3, density=0.5, seed=4, activation="log_softmax",
-                             name="sparse_3"),
-    ], name="softmax_mlp")
+    layers = [(24, "relu"), (20, "softmax"), (16, "tanh"), (3, "log_softmax")]
+    return keras.Sequential([keras.Input((12,))] + [
+        tfsparse.SparseDense(units, density=0.5 if units < 4 else 0.3, seed=index + 1,
+                             activation=activation, name=f"sparse_{index}")
+        for index, (units, activation) in enumerate(layers)], name="softmax_mlp")
 
 
 def softmax_runs(results):
