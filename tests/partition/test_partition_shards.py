@@ -56,7 +56,8 @@ def test_the_rule(case):
 def test_a_layer_on_sequences_is_not_partitioned():
     layer = SparseDense(6, density=0.5)
     layer(np.ones((2, 3, 8), "float32"))
-    assert unpartitionable_reason(layer) == "it is applied to 3-D inputs, not to 2-D inputs (batch, features)"
+    assert unpartitionable_reason(layer) == (
+        "it is applied to 3-D inputs, not to 2-D inputs (batch, features)")
 
 
 def numpy_activation(name):

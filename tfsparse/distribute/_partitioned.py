@@ -5,8 +5,9 @@
 that can be partitioned (the rule of ``tfsparse.partition.shards``, shared
 with ``tfsparse.partition.distribute``; a layer with a non-element-wise
 activation such as softmax ends a run) is partitioned with
-``tfsparse.partition.partition_rows(kernels, k=len(group))``: device ``p`` owns the output neurons ``owners[l][j] == p``
-of every layer of the run and holds their fan-in weights and biases. In the
+``tfsparse.partition.partition_rows(kernels, k=len(group))``: device ``p``
+owns the output neurons ``owners[l][j] == p`` of every layer of the run and
+holds their fan-in weights and biases (its ``LayerShard``s). In the
 forward pass device ``p`` computes only its neurons, from the inputs they
 reference: for the run's first layer those entries of the stage's input (on
 the group's first device, where the previous stage's activation arrives);
