@@ -173,7 +173,8 @@ def test_no_group_lasso_layer_fails_early():
     with pytest.raises(ValueError) as info:
         model.fit(np.ones((4, 3)), np.ones((4, 2)), verbose=0, callbacks=[FSSL()])
     assert str(info.value) == (
-        "FSSL found no Dense or SparseDense layer with a tfsparse.regularizers.GroupLasso "
+        "FSSL found no Dense, SparseDense or convolution layer with a "
+        "tfsparse.regularizers.GroupLasso "
         "kernel_regularizer in model 'plain': give the layers to sparsify "
         "kernel_regularizer=GroupLasso(...).")
 

@@ -1,5 +1,7 @@
-"""Structured-sparsity regularisers (group lasso) for dense and sparse kernels."""
+"""Structured-sparsity regularisers (group lasso) for dense, sparse and convolution kernels."""
 
+from tfsparse.regularizers.conv_norms import conv_group_norms
+from tfsparse.regularizers.conv_norms import conv_keep_mask
 from tfsparse.regularizers.group_lasso import GroupLasso
 from tfsparse.regularizers.group_lasso import RegularizerSum
 from tfsparse.regularizers.group_lasso import group_lasso_terms
@@ -16,6 +18,8 @@ from tfsparse.regularizers.group_norms import sparse_keep_mask
 __all__ = [
     "GroupLasso",
     "RegularizerSum",
+    "conv_group_norms",
+    "conv_keep_mask",
     "dense_group_norms",
     "dense_keep_mask",
     "group_ids",
