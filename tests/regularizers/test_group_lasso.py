@@ -169,12 +169,15 @@ def test_sum_round_trips_through_a_saved_dense_model(tmp_path):
                       "Received: l=-1.0"),
         ({"l": "big"}, 'Received an invalid value for "l", expected a finite float >= 0. '
                        "Received: l='big'"),
-        ({"groups": "filters"},
-         'Received an invalid value for "groups", expected "rows", "columns", "blocks" or '
-         'a sequence of distinct ones such as ("rows", "columns"). Received: groups=\'filters\''),
+        ({"groups": "kernels"},
+         'Received an invalid value for "groups", expected "rows", "columns", "blocks" (Dense '
+         'kernels), "filters", "channels", "shapes", "blocks" (convolution kernels) or a '
+         'sequence of distinct ones of one family such as ("rows", "columns"). '
+         "Received: groups='kernels'"),
         ({"groups": ("rows", "rows")},
-         'Received an invalid value for "groups", expected "rows", "columns", "blocks" or '
-         "a sequence of distinct ones such as (\"rows\", \"columns\"). "
+         'Received an invalid value for "groups", expected "rows", "columns", "blocks" (Dense '
+         'kernels), "filters", "channels", "shapes", "blocks" (convolution kernels) or a '
+         'sequence of distinct ones of one family such as ("rows", "columns"). '
          "Received: groups=('rows', 'rows')"),
         ({"groups": "blocks", "block_shape": (0, 2)},
          'Received an invalid value for "block_shape", expected a pair of positive integers '
@@ -195,8 +198,10 @@ def test_call_on_a_vector_says_to_use_sparse_penalty():
         GroupLasso(0.1)(tf.ones([6]))
     assert str(info.value) == (
         'Received an invalid value for "x", expected the 2-D kernel (input_dim, units) of a '
-        "dense layer; for a sparse kernel call sparse_penalty(values, pattern). "
-        "Received: x with shape (6,)")
+        'dense layer for groups "rows", "columns", "blocks", or a convolution kernel '
+        '(*spatial, in_channels, filters) for groups "filters", "channels", "shapes", '
+        '"blocks"; for a sparse kernel call sparse_penalty(values, pattern). '
+        "Received: x with shape (6,) and groups=('columns',)")
 
 
 def test_regularizer_sum_rejects_empty_and_non_callables():
