@@ -85,9 +85,10 @@ def layer_kind(layer):
     if isinstance(layer, _CHANNELWISE):
         return "channelwise"
     if isinstance(layer, _MERGES):
-        widths = {int(t.shape[-1]) for t in layer.input}
+        widths = {t.shape[-1] for t in layer.input}
         ranks = {len(t.shape) for t in layer.input}
-        return "channelwise" if len(widths) == 1 and len(ranks) == 1 else "opaque"
+        same = len(widths) == 1 and None not in widths and len(ranks) == 1
+        return "channelwise" if same else "opaque"
     if isinstance(layer, _L.Concatenate):
         rank = len(layer.input[0].shape)
         return "concatenate" if layer.axis in (-1, rank - 1) else "opaque"
@@ -158,6 +159,10 @@ class Analysis:
                 np.zeros(tensor.shape[-1]))
         for layer in self.order:
             for tensor in as_list(layer.output):
+                if tensor.shape.rank is None or tensor.shape[-1] is None:
+                    raise ValueError(
+                        "compact needs the number of channels (last axis) of every tensor. "
+                        f"Received: output of layer {layer.name!r} with shape {tensor.shape}")
                 self.tensors[id(tensor)] = TensorInfo(tuple(tensor.shape[1:]))
             for tensor in as_list(layer.input):
                 self.consumers.setdefault(id(tensor), []).append(layer)

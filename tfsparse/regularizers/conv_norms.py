@@ -108,7 +108,7 @@ def conv_group_norms(kernel, groups, block_shape=None):
 
     Example:
         >>> w = tf.reshape(tf.range(8.0), (1, 2, 2, 2))  # W[0, p, c, n] = 4p + 2c + n
-        >>> conv_group_norms(w, "channels").numpy() ** 2  # c=0: 0+1+16+25, c=1: 4+9+36+49
+        >>> (conv_group_norms(w, "channels").numpy() ** 2).round(3)  # 0+1+16+25, 4+9+36+49
         array([42., 98.], dtype=float32)
     """
     kernel = tf.convert_to_tensor(kernel)
