@@ -16,7 +16,7 @@
    Python process that imports only TensorFlow, checking its predictions.
 
 Runs in about two minutes on 2 CPU cores. Usage:
-    python examples/fssl_cnn.py [--out out/fssl_cnn] [--epochs 6]
+    python examples/fssl_cnn.py [--out out/fssl_cnn] [--epochs 10]
 """
 
 import argparse
@@ -31,13 +31,11 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import numpy as np  # noqa: E402
 
 from tfsparse._keras import keras  # noqa: E402
-import tensorflow as tf  # noqa: E402
 
 from callbacks.fssl import FSSL  # noqa: E402
 from fssl_mnist import EpochBar  # noqa: E402  (examples/fssl_mnist.py)
+from fssl_mnist import compact_export_and_serve  # noqa: E402
 from fssl_mnist import plot_sparsity  # noqa: E402
-from fssl_mnist import serve_in_fresh_process  # noqa: E402
-from tfsparse import fssl  # noqa: E402
 from tfsparse.data import load_mnist_sample  # noqa: E402
 from tfsparse.regularizers import GroupLasso  # noqa: E402
 
@@ -69,9 +67,9 @@ def build_model(l):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="out/fssl_cnn")
-    parser.add_argument("--epochs", type=int, default=6)
-    parser.add_argument("--prune-epoch", type=int, default=3)
-    parser.add_argument("--l", type=float, default=4e-3, help="group lasso strength")
+    parser.add_argument("--epochs", type=int, default=10)
+    parser.add_argument("--prune-epoch", type=int, default=5)
+    parser.add_argument("--l", type=float, default=8e-3, help="group lasso strength")
     parser.add_argument("--threshold", type=float, default=0.05, help="group norm threshold")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
@@ -94,27 +92,7 @@ def main(argv=None):
     plot_sparsity(history, plot_path, args.prune_epoch)
     print(f"wrote {plot_path}")
 
-    print("\nCompaction (tfsparse.fssl.report):")
-    rows = fssl.report(model)
-    compacted = fssl.compact(model)
-    compacted.summary()
-    outputs = model.predict(x_test, verbose=0)
-    compact_outputs = compacted.predict(x_test, verbose=0)
-    print(f"multiply-adds per image: {rows[-1]['macs_before']:,} -> {rows[-1]['macs_after']:,} "
-          f"({100 * rows[-1]['macs_removed']:.1f}% removed)")
-    print(f"largest output difference, compacted vs FSSL model: "
-          f"{np.abs(outputs - compact_outputs).max():.2e}")
-    accuracy = np.mean(np.argmax(compact_outputs, axis=1) == y_test)
-    print(f"test accuracy: compacted {accuracy:.4f}")
-
-    saved_model_dir = out / "compacted_savedmodel"
-    tf.saved_model.save(compacted, str(saved_model_dir))
-    print(f"exported the compacted model to {saved_model_dir}")
-    served = serve_in_fresh_process(saved_model_dir, x_test, y_test, out)
-    agree = np.mean(served == np.argmax(compact_outputs, axis=1))
-    print(f"fresh-process predictions agree with in-process ones on {100 * agree:.1f}% of digits")
-    if agree != 1.0:
-        raise SystemExit("the served model disagrees with the compacted model")
+    compact_export_and_serve(model, x_test, y_test, out)
 
 
 if __name__ == "__main__":
