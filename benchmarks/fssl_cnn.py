@@ -32,7 +32,6 @@ Usage:
         [--rounds 3] [--repeats 20]
 """
 
-import argparse
 import json
 import os
 import pathlib
@@ -43,7 +42,6 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
-import tqdm  # noqa: E402
 
 from tfsparse._keras import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
@@ -58,9 +56,10 @@ from tfsparse.ops import kernels  # noqa: E402
 from tfsparse.regularizers import GroupLasso  # noqa: E402
 from fssl_mnist import compile_model  # noqa: E402  (benchmarks/fssl_mnist.py)
 from fssl_mnist import inference_function  # noqa: E402
+from fssl_mnist import parse_args as fssl_benchmark_args  # noqa: E402
 from fssl_mnist import train  # noqa: E402
-from fssl_mnist import train_step_function  # noqa: E402
-from timing import interleaved_medians  # noqa: E402  (benchmarks/timing.py)
+from fssl_mnist import time_side_by_side  # noqa: E402
+from fssl_mnist import train_steps  # noqa: E402
 
 CONVS = (32, 32, "pool", 64, 64, "pool")
 HIDDEN = 128
@@ -142,18 +141,9 @@ def cpu_and_kernel():
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--epochs", type=int, default=18)
-    parser.add_argument("--prune-epoch", type=int, default=7)
-    parser.add_argument("--l", type=float, default=5e-3, help="group lasso strength")
-    parser.add_argument("--threshold", type=float, default=0.05, help="group norm threshold")
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--inference-batch", type=int, default=256)
-    parser.add_argument("--repeats", type=int, default=20)
-    parser.add_argument("--rounds", type=int, default=3, help="rounds of inference timing")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default="out/fssl_cnn_benchmark.json")
-    return parser.parse_args(argv)
+    return fssl_benchmark_args(argv, __doc__, {
+        "epochs": 18, "prune_epoch": 7, "l": 5e-3, "repeats": 20,
+        "out": "out/fssl_cnn_benchmark.json"})
 
 
 def load(args):
@@ -200,13 +190,8 @@ def main(argv=None):
 
     batch = tf.constant(x_test[:args.inference_batch])
     candidates = {name: inference_function(model, batch) for name, model in models.items()}
-    rounds = [interleaved_medians(candidates, args.repeats, seed=r)
-              for r in tqdm.trange(args.rounds, desc="inference rounds", leave=False)]
-    infer = {name: float(np.median([r[name] for r in rounds])) for name in candidates}
-    steps = {name: train_step_function(model, x_train[:args.batch_size],
-                                       y_train[:args.batch_size], False)
-             for name, model in models.items()}
-    step_times = interleaved_medians(steps, args.repeats)
+    rounds, infer, step_times = time_side_by_side(
+        candidates, train_steps(models, x_train, y_train, args), args)
 
     cpu, variant = cpu_and_kernel()
     print(f"\nMNIST sample, CNN conv{'-'.join(map(str, CONVS))}-dense{HIDDEN}-10, "
