@@ -141,23 +141,36 @@ def test_compacted_outputs_equal_the_original(name, seed):
     assert weight_count(small) < weight_count(model)
 
 
+@pytest.mark.parametrize("dense_threshold", [0.0, 1.0])
+def test_functional_sparse_mlp_keeps_sparse_layers_below_the_threshold(dense_threshold):
+    keras.utils.set_random_seed(0)
+    model = mlp(True)
+    randomize(model, np.random.default_rng(0))
+    small = fssl.compact(model, dense_threshold=dense_threshold)
+    rows = fssl.report(model, dense_threshold=dense_threshold, print_fn=None)
+    after = "Dense" if dense_threshold == 0.0 else "SparseDense"
+    assert isinstance(small.get_layer("h1"), SparseDense) == (after == "SparseDense")
+    assert rows[0]["type"] == f"SparseDense -> {after}"
+    assert rows[0]["nnz_after"] == int(np.count_nonzero(
+        small.get_layer("h1").to_scipy().toarray() if after == "SparseDense"
+        else small.get_layer("h1").kernel.numpy()))
+    x = np.random.default_rng(1).standard_normal((5, 20)).astype(np.float32)
+    np.testing.assert_allclose(small(x).numpy(), model(x).numpy(), atol=1e-5, rtol=0)
+
+
 def test_vgg_removes_exactly_the_foldable_filters():
     model, small, _ = compacted_pair("vgg")
-    layers = {layer.name: layer for layer in small.layers}
-    for name, reader in (("c1", "c2"), ("c2", "c3"), ("c3", "c4")):
-        kernel = model.get_layer(name).kernel.numpy()
-        bias = model.get_layer(name).bias.numpy()
-        reads = model.get_layer(reader).kernel.numpy()
-        zero_filter = ~kernel.any(axis=(0, 1, 2))
-        unread = ~reads.any(axis=(0, 1, 3))
-        # A zero filter is the constant relu(bias): folded when 0, or when the
-        # reader is "valid" (c3) or 1x1 (c4); c2 is "same" 3x3 and cannot fold
-        # a nonzero one. c2's own removals also depend on what c3 cannot read.
-        foldable = (np.maximum(bias, 0) == 0) | (reader in ("c3", "c4"))
-        if name == "c1":
-            removed = unread | (zero_filter & foldable)
-            assert layers[name].filters == int((~removed).sum())
-    assert layers["c1"].filters < 8 and layers["d1"].units < 16
+    kernel, bias = model.get_layer("c1").get_weights()
+    reads = model.get_layer("c2").kernel.numpy()
+    zero_filter = ~kernel.any(axis=(0, 1, 2))
+    unread = ~reads.any(axis=(0, 1, 3))
+    # A zero filter of c1 is the constant relu(bias); c2 is "same" 3x3 and can
+    # fold it only when it is 0 (its zero padding would make any other
+    # constant's contribution depend on the position). An unread filter goes.
+    removed = unread | (zero_filter & (np.maximum(bias, 0) == 0))
+    assert (zero_filter & (bias > 0) & ~unread).any()  # a constant that must stay
+    assert small.get_layer("c1").filters == int((~removed).sum()) < 8
+    assert small.get_layer("d1").units < 16
 
 
 def test_residual_add_keeps_a_channel_unless_every_addend_loses_it():

@@ -26,17 +26,17 @@ def _macs(is_dense, shape, nnz):
 def report(model, dense_threshold=DEFAULT_DENSE_THRESHOLD, print_fn=print):
     """Prints and returns, per layer, what ``compact(model, dense_threshold)`` would do.
 
-    Args:
-        model: a model that :func:`tfsparse.fssl.compact` accepts.
-        dense_threshold: as in :func:`tfsparse.fssl.compact`.
-        print_fn: called with the formatted table (a str); None prints nothing.
-
     For a functional model (or a Sequential one beyond a Dense/SparseDense
     chain) the rows cover its Dense, SparseDense and convolution layers: a
     convolution's shapes are its kernel's ``(*spatial, in, filters)``, its
     multiply-adds per sample every kernel entry at every output position
     (a dense convolution multiplies zeros too). Layers left intact (see
     :func:`tfsparse.fssl.compact`) are named under the table.
+
+    Args:
+        model: a model that :func:`tfsparse.fssl.compact` accepts.
+        dense_threshold: as in :func:`tfsparse.fssl.compact`.
+        print_fn: called with the formatted table (a str); None prints nothing.
 
     Returns:
         A list with one dict per Dense/SparseDense/convolution layer and a last ``"total"``
