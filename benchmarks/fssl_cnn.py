@@ -125,19 +125,16 @@ def unstructured(sparsity, steps, args):
 
 
 def cpu_and_kernel():
-    """The CPU's model name (as ``lscpu`` shows it) and the SpMM kernel variant in use."""
-    fields = {}
+    """The CPU's model name (as ``lscpu`` shows it) and the SpMM kernel variant that runs."""
+    model = platform.processor()
     with open("/proc/cpuinfo") as cpuinfo:
         for line in cpuinfo:
-            key, _, value = line.partition(":")
-            fields.setdefault(key.strip(), value.strip())
-    if not kernels.available():
-        variant = "TensorFlow CSR ops (compiled kernels not built)"
-    elif "avx512f" in fields.get("flags", "").split():
-        variant = "compiled SpMM, 16-row AVX-512"
-    else:
-        variant = "compiled SpMM, portable 8-row loop"
-    return fields.get("model name", platform.processor()), variant
+            if line.startswith("model name"):
+                model = line.partition(":")[2].strip()
+                break
+    variant = kernels.isa()
+    return model, (f"compiled, {variant}" if variant
+                   else "TensorFlow CSR ops (compiled kernels not available)")
 
 
 def parse_args(argv):
