@@ -225,7 +225,7 @@ class Scale(L.Layer):
         return inputs * 3.0
 
 
-def test_custom_layer_without_config_is_reused_intact():
+def test_custom_layer_is_left_intact():
     keras.utils.set_random_seed(0)
     inputs = keras.Input((6,))
     x = L.Dense(5, "relu", name="h")(inputs)
@@ -270,6 +270,31 @@ def test_report_counts_conv_multiply_adds():
     assert rows[0]["nnz_before"] == 54 and rows[0]["nnz_after"] == 54
     assert rows[1]["macs_before"] == 16 * 12 and rows[1]["macs_after"] == 16 * 9
     assert rows[2]["macs_removed"] == pytest.approx(1 - (16 * 63) / (16 * 84))
+
+
+class Needy(L.Layer):
+    """A custom layer whose constructor takes an object Keras cannot serialise."""
+
+    def __init__(self, scaler, **kwargs):
+        super().__init__(**kwargs)
+        self.scaler = scaler
+
+    def call(self, inputs):
+        return inputs * self.scaler.factor
+
+
+class Scaler:
+    factor = 2.0
+
+
+def test_custom_layer_that_cannot_be_rebuilt_is_a_clear_error():
+    inputs = keras.Input((4,))
+    model = keras.Model(inputs, L.Dense(2)(Needy(Scaler(), name="needy")(inputs)))
+    with pytest.raises(ValueError) as info:
+        fssl.compact(model)
+    assert str(info.value).startswith(
+        "compact rebuilds every layer of the new model from its config. Received: layer "
+        "'needy' of type Needy, whose get_config/from_config fails (")
 
 
 def test_compacted_cnn_saves_and_serves(tmp_path):

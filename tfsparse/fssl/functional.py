@@ -6,8 +6,8 @@ SparseDense and convolution layers lose the kernel rows/columns of removed
 channels, with the constants of removed constant channels folded into their
 bias; BatchNormalization loses the statistics of removed channels; the
 other supported layers are rebuilt from their config. Opaque layers are
-rebuilt (or reused, when their config cannot rebuild them) with every
-channel around them kept, and listed by :func:`intact_layers`.
+rebuilt from their config with their weights, every channel around them
+kept, and listed by :func:`intact_layers`.
 """
 
 import warnings
@@ -95,11 +95,20 @@ class WeightedPlan:
 
 
 def _clone(layer):
-    """A copy of ``layer`` from its config with its weights, or the layer itself."""
+    """A copy of ``layer`` from its config, with its weights.
+
+    Raises:
+        ValueError: when the config cannot rebuild the layer (reusing the layer
+            itself would share its weights with the original model).
+    """
     try:
         new = type(layer).from_config(layer.get_config())
-    except (NotImplementedError, TypeError, ValueError):
-        return layer  # cannot be rebuilt: reused as it is (reported by intact_layers)
+    except (NotImplementedError, TypeError, ValueError) as error:
+        raise ValueError(
+            "compact rebuilds every layer of the new model from its config. Received: "
+            f"layer {layer.name!r} of type {type(layer).__name__}, whose get_config/"
+            f"from_config fails ({type(error).__name__}: {error}); give it a get_config"
+        ) from None
     if layer.weights:
         new.build(layer.input_shape)
         new.set_weights(layer.get_weights())
