@@ -30,6 +30,7 @@ demo: setup
 	$(PY) examples/mnist_sparse.py
 	$(PY) -m tfsparse.graphchallenge --neurons 1024 --layers 120 --repeats 1
 	$(PY) examples/fssl_mnist.py
+	$(PY) examples/fssl_cnn.py
 	$(VENV)/bin/horovodrun -np 2 -H localhost:2 --gloo $(PY) examples/horovod_sidco_mnist.py --epochs 5
 	$(PY) examples/pipeline_mnist.py --epochs 3
 	$(VENV)/bin/horovodrun -np 2 -H localhost:2 --gloo $(PY) examples/partitioned_training.py

@@ -163,18 +163,42 @@ def train_step_function(model, x, y, with_regularization):
     return lambda: step(x, y).numpy()
 
 
-def parse_args(argv):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--epochs", type=int, default=20)
-    parser.add_argument("--prune-epoch", type=int, default=8)
-    parser.add_argument("--l", type=float, default=1.5e-3, help="group lasso strength")
+MLP_DEFAULTS = {"epochs": 20, "prune_epoch": 8, "l": 1.5e-3, "repeats": 30,
+                "out": "out/fssl_mnist_benchmark.json"}
+
+
+def train_steps(models, x, y, args):
+    """A timed training step (no regularisation) per model, on the first batch."""
+    return {name: train_step_function(model, x[:args.batch_size], y[:args.batch_size], False)
+            for name, model in models.items()}
+
+
+def time_side_by_side(inference, steps, args):
+    """``(rounds, median inference, median train step)``, all interleaved.
+
+    ``rounds`` holds the per-round inference medians; the inference medians
+    are the median over rounds.
+    """
+    rounds = [interleaved_medians(inference, args.repeats, seed=r)
+              for r in tqdm.trange(args.rounds, desc="inference rounds", leave=False)]
+    infer = {name: float(np.median([r[name] for r in rounds])) for name in inference}
+    return rounds, infer, interleaved_medians(steps, args.repeats)
+
+
+def parse_args(argv, description=__doc__, defaults=None):
+    """The FSSL benchmarks' options; ``defaults`` overrides :data:`MLP_DEFAULTS`."""
+    settings = {**MLP_DEFAULTS, **(defaults or {})}
+    parser = argparse.ArgumentParser(description=description.splitlines()[0])
+    parser.add_argument("--epochs", type=int, default=settings["epochs"])
+    parser.add_argument("--prune-epoch", type=int, default=settings["prune_epoch"])
+    parser.add_argument("--l", type=float, default=settings["l"], help="group lasso strength")
     parser.add_argument("--threshold", type=float, default=0.05, help="group norm threshold")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--inference-batch", type=int, default=256)
-    parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--repeats", type=int, default=settings["repeats"])
     parser.add_argument("--rounds", type=int, default=3, help="rounds of inference timing")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default="out/fssl_mnist_benchmark.json")
+    parser.add_argument("--out", default=settings["out"])
     return parser.parse_args(argv)
 
 
@@ -221,14 +245,9 @@ def main(argv=None):
     accuracy["FSSL uncompacted"] = fssl_model.evaluate(x_test, y_test, verbose=0)[1]
     batch = x_test[:args.inference_batch]
     candidates = inference_candidates(models, batch)
-    rounds = [interleaved_medians(candidates, args.repeats, seed=r)
-              for r in tqdm.trange(args.rounds, desc="inference rounds", leave=False)]
-    infer = {name: float(np.median([r[name] for r in rounds])) for name in candidates}
-    steps = {name: train_step_function(model, x_train[:args.batch_size],
-                                       y_train[:args.batch_size], False)
-             for name, model in models.items()}
+    steps = train_steps(models, x_train, y_train, args)
     steps["FSSL penalty phase (dense + group lasso)"] = penalty_step
-    step_times = interleaved_medians(steps, args.repeats)
+    rounds, infer, step_times = time_side_by_side(candidates, steps, args)
 
     # The FSSL row's fit time is the whole schedule on the full-size model.
     fit_seconds = {"dense": dense_fit, "unstructured sparse": sparse_fit,

@@ -15,8 +15,10 @@ from tfsparse.regularizers import group_sparsity  # noqa: E402
 class FSSL(keras.callbacks.Callback):
     """Train with a group penalty, remove the groups it zeroed, fine-tune without it.
 
-    The model's Dense/SparseDense layers whose ``kernel_regularizer`` holds a
-    ``tfsparse.regularizers.GroupLasso`` take part. The schedule:
+    The model's Dense, SparseDense and Conv1D/2D/3D layers whose
+    ``kernel_regularizer`` holds a ``tfsparse.regularizers.GroupLasso`` take
+    part (for convolutions the groups are filters, channels, shapes or
+    blocks, and the masks have the kernel's shape). The schedule:
 
     1. Penalty phase: ``fit`` trains with the group lasso in the loss.
     2. Pruning, at the end of epoch ``prune_epoch - 1`` (or, with
@@ -103,7 +105,7 @@ class FSSL(keras.callbacks.Callback):
         self.layers = _layers.regularized_layers(self.model)
         if not self.layers:
             raise ValueError(
-                "FSSL found no Dense or SparseDense layer with a "
+                "FSSL found no Dense, SparseDense or convolution layer with a "
                 "tfsparse.regularizers.GroupLasso kernel_regularizer in model "
                 f"{self.model.name!r}: give the layers to sparsify "
                 "kernel_regularizer=GroupLasso(...)."

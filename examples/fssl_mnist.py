@@ -144,12 +144,23 @@ def main(argv=None):
     plot_sparsity(history, plot_path, args.prune_epoch)
     print(f"wrote {plot_path}")
 
+    compact_export_and_serve(model, x_test, y_test, out)
+
+
+def compact_export_and_serve(model, x_test, y_test, out):
+    """Reports and compacts ``model``, checks the outputs, exports and serves the result.
+
+    Returns:
+        The report's rows (see ``tfsparse.fssl.report``).
+    """
     print("\nCompaction (tfsparse.fssl.report):")
-    fssl.report(model)
+    rows = fssl.report(model)
     compacted = fssl.compact(model)
     compacted.summary()
     outputs = model.predict(x_test, verbose=0)
     compact_outputs = compacted.predict(x_test, verbose=0)
+    print(f"multiply-adds per sample: {rows[-1]['macs_before']:,} -> "
+          f"{rows[-1]['macs_after']:,} ({100 * rows[-1]['macs_removed']:.1f}% removed)")
     print(f"largest output difference, compacted vs FSSL model: "
           f"{np.abs(outputs - compact_outputs).max():.2e}")
     accuracy = np.mean(np.argmax(compact_outputs, axis=1) == y_test)
@@ -163,6 +174,7 @@ def main(argv=None):
     print(f"fresh-process predictions agree with in-process ones on {100 * agree:.1f}% of digits")
     if agree != 1.0:
         raise SystemExit("the served model disagrees with the compacted model")
+    return rows
 
 
 if __name__ == "__main__":

@@ -55,6 +55,62 @@ def sparse_model():
     return model
 
 
+def cnn_model():
+    """A small functional CNN on (6, 6, 1) images made from the 10 features of ``data``.
+
+    Filters 1 and 4 of "conv" and input channel 2 of "conv2" start far under the
+    threshold.
+    """
+    keras.utils.set_random_seed(2)
+    inputs = keras.Input((10,))
+    x = keras.layers.Dense(36, "relu", name="embed")(inputs)
+    x = keras.layers.Reshape((6, 6, 1))(x)
+    x = keras.layers.Conv2D(6, 3, activation="relu", name="conv",
+                            kernel_regularizer=GroupLasso(1e-3, ("filters", "shapes")))(x)
+    x = keras.layers.BatchNormalization()(x)
+    x = keras.layers.Conv2D(4, 3, activation="relu", name="conv2",
+                            kernel_regularizer=GroupLasso(1e-3, "channels"))(x)
+    x = keras.layers.GlobalAveragePooling2D()(x)
+    model = keras.Model(inputs, keras.layers.Dense(1, "sigmoid", name="out")(x))
+    for name, index in (("conv", np.s_[..., [1, 4]]), ("conv2", np.s_[:, :, 2, :])):
+        kernel = model.get_layer(name).kernel.numpy()
+        kernel[index] *= 1e-4
+        model.get_layer(name).kernel.assign(kernel)
+    model.compile(keras.optimizers.Adam(1e-3), "binary_crossentropy")
+    return model
+
+
+def test_conv_groups_are_pruned_masked_and_compacted():
+    model = cnn_model()
+    x, y = data(seed=2)
+    # Adam moves every weight by about its learning rate per step: the tiny
+    # groups (36 weights, 4 steps) stay under a norm of 0.05, the others far above.
+    history = model.fit(x, y, epochs=3, batch_size=16, verbose=0,
+                        callbacks=[FSSL(threshold=0.05, prune_epoch=1)])
+    assert {"fssl/conv/filters", "fssl/conv/shapes", "fssl/conv2/channels"} <= set(
+        history.history)
+    conv, conv2 = model.get_layer("conv"), model.get_layer("conv2")
+    assert model.fssl_state.masks[0].shape == conv.kernel.shape
+    np.testing.assert_array_equal(conv.kernel.numpy()[..., [1, 4]], 0)
+    np.testing.assert_array_equal(conv2.kernel.numpy()[:, :, 2, :], 0)
+    assert history.history["fssl/conv/filters"][-1] == pytest.approx(2 / 6)
+    assert history.history["fssl/conv2/channels"][-1] == pytest.approx(1 / 6)
+    compacted = fssl.compact(model)  # the Reshape is left intact
+    assert compacted.get_layer("conv2").kernel.shape[-2] <= 5
+    np.testing.assert_allclose(compacted(x).numpy(), model(x).numpy(), atol=1e-5)
+
+
+def test_group_lasso_on_a_transposed_convolution_is_refused():
+    model = keras.Sequential([keras.Input((4, 4, 2)), keras.layers.Conv2DTranspose(
+        3, 2, name="up", kernel_regularizer=GroupLasso(1e-3, "filters"))])
+    model.compile("sgd", "mse")
+    with pytest.raises(ValueError) as info:
+        model.fit(np.ones((2, 4, 4, 2)), np.ones((2, 5, 5, 3)), verbose=0, callbacks=[FSSL()])
+    assert str(info.value) == (
+        "FSSL supports GroupLasso on Dense, SparseDense, Conv1D, Conv2D and Conv3D kernels. "
+        "Received: layer 'up' of type Conv2DTranspose with a GroupLasso kernel_regularizer")
+
+
 def test_schedule_prunes_masks_and_turns_the_penalty_off():
     model = dense_model()
     x, y = data()
@@ -173,7 +229,8 @@ def test_no_group_lasso_layer_fails_early():
     with pytest.raises(ValueError) as info:
         model.fit(np.ones((4, 3)), np.ones((4, 2)), verbose=0, callbacks=[FSSL()])
     assert str(info.value) == (
-        "FSSL found no Dense or SparseDense layer with a tfsparse.regularizers.GroupLasso "
+        "FSSL found no Dense, SparseDense or convolution layer with a "
+        "tfsparse.regularizers.GroupLasso "
         "kernel_regularizer in model 'plain': give the layers to sparsify "
         "kernel_regularizer=GroupLasso(...).")
 
@@ -232,21 +289,23 @@ class _Interrupt(keras.callbacks.Callback):
 @pytest.mark.parametrize("prune_epoch", [2, None], ids=["fixed", "automatic"])
 @pytest.mark.parametrize("first", ["backup", "fssl"])
 @pytest.mark.parametrize("stop", [2, 4])
-def test_backup_and_restore_resumes_the_schedule_exactly(tmp_path, prune_epoch, first, stop):
+@pytest.mark.parametrize("make_model", [sparse_model, cnn_model], ids=["sparse", "cnn"])
+def test_backup_and_restore_resumes_the_schedule_exactly(tmp_path, prune_epoch, first, stop,
+                                                         make_model):
     # Interrupted at the start of epoch ``stop`` (before or after pruning),
     # resumed by BackupAndRestore (listed before or after FSSL, so the backup
     # holds the pruning decision of its epoch or not): the same phases,
     # masks and weights as training without the interruption.
     x, y = data(n=96)
     settings = dict(threshold=0.02, prune_epoch=prune_epoch, patience=1, min_delta=0.5)
-    model = sparse_model()
+    model = make_model()
     straight = FSSL(**settings)
     history = model.fit(x, y, epochs=6, batch_size=32, shuffle=False, verbose=0,
                         callbacks=[straight])
     assert straight.pruned_epoch is not None
     backup = keras.callbacks.BackupAndRestore(str(tmp_path))
     for attempt in (0, 1):
-        resumed = sparse_model()
+        resumed = make_model()
         callback = FSSL(**settings)
         callbacks = [backup, callback] if first == "backup" else [callback, backup]
         try:

@@ -11,6 +11,10 @@ from tfsparse.regularizers import GroupLasso
 from tfsparse.regularizers import RegularizerSum
 from tfsparse.regularizers import group_lasso_terms
 
+GROUPS = ("'rows', 'columns', 'blocks' (Dense kernels), 'filters', 'channels', 'shapes', "
+          "'blocks' (convolution kernels) or a sequence of distinct ones of one family such as "
+          "('rows', 'columns')")
+
 # float32 penalties: sums of ~100 norms each with relative error ~1e-6.
 RTOL = 1e-5
 
@@ -169,12 +173,10 @@ def test_sum_round_trips_through_a_saved_dense_model(tmp_path):
                       "float. Received: l=-1.0"),
         ({"l": "big"}, 'Received an invalid value for "l", expected a finite non-negative '
                        "float. Received: l='big'"),
-        ({"groups": "filters"},
-         'Received an invalid value for "groups", expected \'rows\', \'columns\', \'blocks\' or '
-         "a sequence of distinct ones such as ('rows', 'columns'). Received: groups='filters'"),
+        ({"groups": "kernels"},
+         'Received an invalid value for "groups", expected ' + GROUPS + ". Received: groups='kernels'"),
         ({"groups": ("rows", "rows")},
-         'Received an invalid value for "groups", expected \'rows\', \'columns\', \'blocks\' or '
-         "a sequence of distinct ones such as ('rows', 'columns'). "
+         'Received an invalid value for "groups", expected ' + GROUPS + ". "
          "Received: groups=('rows', 'rows')"),
         ({"groups": "blocks", "block_shape": (0, 2)},
          'Received an invalid value for "block_shape", expected a pair of positive integers '
@@ -195,8 +197,10 @@ def test_call_on_a_vector_says_to_use_sparse_penalty():
         GroupLasso(0.1)(tf.ones([6]))
     assert str(info.value) == (
         'Received an invalid value for "x", expected the 2-D kernel (input_dim, units) of a '
-        "dense layer; for a sparse kernel call sparse_penalty(values, pattern). "
-        "Received: x with shape (6,)")
+        "dense layer for groups 'rows', 'columns', 'blocks', or a convolution kernel "
+        "(*spatial, in_channels, filters) for groups 'filters', 'channels', 'shapes', "
+        "'blocks'; for a sparse kernel call sparse_penalty(values, pattern). "
+        "Received: x with shape (6,) and groups=('columns',)")
 
 
 def test_regularizer_sum_rejects_empty_and_non_callables():

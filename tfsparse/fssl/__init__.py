@@ -1,4 +1,4 @@
-"""FSSL structure surgery: remove the neurons group lasso zeroed, and report it.
+"""FSSL structure surgery: remove the neurons and channels group lasso zeroed, and report it.
 
 Example:
   >>> from tfsparse._keras import keras
@@ -17,6 +17,7 @@ from tfsparse.fssl.compact import LayerPlan
 from tfsparse.fssl.compact import compact
 from tfsparse.fssl.compact import kept_inputs
 from tfsparse.fssl.compact import plan
+from tfsparse.fssl.functional import intact_layers
 from tfsparse.fssl.gather_inputs import GatherInputs
 from tfsparse.fssl.report import format_table
 from tfsparse.fssl.report import report
@@ -27,6 +28,7 @@ __all__ = [
     "LayerPlan",
     "compact",
     "format_table",
+    "intact_layers",
     "kept_inputs",
     "plan",
     "report",

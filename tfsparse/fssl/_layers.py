@@ -1,9 +1,19 @@
-"""Thin adapters from Keras layers to the group-norm math (Dense and SparseDense)."""
+"""Thin adapters from Keras layers to the group-norm math (Dense, SparseDense, Conv)."""
 
 from tfsparse._keras import keras
 from tfsparse.layers import SparseDense
+from tfsparse.regularizers import conv_norms
 from tfsparse.regularizers import group_lasso_terms
 from tfsparse.regularizers import group_norms
+
+_CONVOLUTIONS = (keras.layers.Conv1D, keras.layers.Conv2D, keras.layers.Conv3D)
+# Convolutions (subclasses of the above in Keras) whose kernel is not (*spatial, in_channels, filters): their
+# group lasso would group the wrong axes.
+_OTHER_LAYOUTS = (
+    keras.layers.Conv1DTranspose, keras.layers.Conv2DTranspose, keras.layers.Conv3DTranspose,
+    keras.layers.DepthwiseConv1D, keras.layers.DepthwiseConv2D,
+    keras.layers.SeparableConv1D, keras.layers.SeparableConv2D,
+)
 
 
 def is_fully_connected(layer):
@@ -11,8 +21,13 @@ def is_fully_connected(layer):
     return isinstance(layer, SparseDense) or isinstance(layer, keras.layers.Dense)
 
 
+def is_convolution(layer):
+    """True for a ``Conv1D``/``Conv2D``/``Conv3D`` (kernel ``(*spatial, in, filters)``)."""
+    return isinstance(layer, _CONVOLUTIONS) and not isinstance(layer, _OTHER_LAYOUTS)
+
+
 def kernel_variable(layer):
-    """The variable holding the kernel: ``values`` of a SparseDense, ``kernel`` of a Dense."""
+    """The variable holding the kernel: ``values`` of a SparseDense, ``kernel`` otherwise."""
     return layer.values if isinstance(layer, SparseDense) else layer.kernel
 
 
@@ -37,6 +52,8 @@ def group_norms_of(layer, kind, block_shape=None):
         pattern = layer.pattern_tensors()
         return group_norms.sparse_group_norms(
             layer.values, pattern.rows, pattern.cols, pattern.shape, kind, block_shape)
+    if is_convolution(layer):
+        return conv_norms.conv_group_norms(layer.kernel, kind, block_shape)
     return group_norms.dense_group_norms(layer.kernel, kind, block_shape)
 
 
@@ -47,18 +64,29 @@ def keep_mask_of(layer, kinds, threshold, block_shape=None):
         return group_norms.sparse_keep_mask(
             layer.values, pattern.rows, pattern.cols, pattern.shape, kinds, threshold,
             block_shape)
+    if is_convolution(layer):
+        return conv_norms.conv_keep_mask(layer.kernel, kinds, threshold, block_shape)
     return group_norms.dense_keep_mask(layer.kernel, kinds, threshold, block_shape)
 
 
 def regularized_layers(model):
-    """The fully connected layers of ``model`` with a GroupLasso, in layer order.
+    """The Dense, SparseDense and convolution layers of ``model`` with a GroupLasso.
 
-    Layers of nested models are included.
+    In layer order; layers of nested models are included. A GroupLasso on
+    another kind of layer (a transposed or depthwise convolution, ...) is an
+    error: its groups would not be what they say.
     """
     found = []
     for layer in model.layers:
         if isinstance(layer, keras.Model):
             found.extend(regularized_layers(layer))
-        elif is_fully_connected(layer) and group_settings(layer)[0]:
+        elif not group_settings(layer)[0]:
+            continue
+        elif is_fully_connected(layer) or is_convolution(layer):
             found.append(layer)
+        else:
+            raise ValueError(
+                "FSSL supports GroupLasso on Dense, SparseDense, Conv1D, Conv2D and Conv3D "
+                f"kernels. Received: layer {layer.name!r} of type {type(layer).__name__} "
+                "with a GroupLasso kernel_regularizer")
     return found

@@ -15,10 +15,12 @@ from tfsparse._keras import keras
 import tensorflow as tf  # noqa: E402  (after tfsparse._keras selects Keras 2)
 
 from tfsparse._validation import invalid_value  # noqa: E402
+from tfsparse.fssl import _build  # noqa: E402
+from tfsparse.fssl import _graph  # noqa: E402
+from tfsparse.fssl import functional  # noqa: E402
 from tfsparse.fssl._layers import is_fully_connected  # noqa: E402
 from tfsparse.fssl.gather_inputs import GatherInputs  # noqa: E402
 from tfsparse.layers import SparseDense  # noqa: E402
-from tfsparse.regularizers import without_group_lasso  # noqa: E402
 
 # A SparseDense whose compacted kernel is at least this dense becomes a Dense
 # layer. Measured by benchmarks/fssl_crossover.py (forward pass, batch 256, on
@@ -27,13 +29,7 @@ from tfsparse.regularizers import without_group_lasso  # noqa: E402
 # for 512x512 and 0.30 for 1024x1024.
 DEFAULT_DENSE_THRESHOLD = 0.3
 
-# Activations applied unit by unit: removing some units leaves the others'
-# outputs unchanged. (Softmax is not: it cannot lose units.)
-_ELEMENTWISE = frozenset({
-    "linear", "relu", "relu6", "leaky_relu", "elu", "selu", "gelu", "sigmoid",
-    "hard_sigmoid", "tanh", "softplus", "softsign", "swish", "silu", "mish",
-    "exponential",
-})
+_ELEMENTWISE = _graph.ELEMENTWISE
 
 
 @dataclasses.dataclass
@@ -128,9 +124,7 @@ def _kernel_shape(layer):
     return tuple(int(d) for d in layer.kernel.shape)
 
 
-def _activation_name(layer):
-    name = keras.activations.serialize(layer.activation)
-    return name if isinstance(name, str) else str(name)
+_activation_name = _graph.activation_name
 
 
 def _nonzero_rows(kernel, columns):
@@ -272,45 +266,67 @@ def kept_inputs(model):
     return plan(model)[0].kept_inputs
 
 
-_SETTINGS = (
-    "name", "dtype", "trainable", "activation", "kernel_initializer", "bias_initializer",
-    "kernel_regularizer", "bias_regularizer", "activity_regularizer", "kernel_constraint",
-    "bias_constraint",
-)
-
-
 def _build_layer(layer_plan):
-    config = layer_plan.layer.get_config()
-    settings = {key: config[key] for key in _SETTINGS if key in config}
-    # The FSSL phase is over: the compacted layer keeps its other regularisers only.
-    settings["kernel_regularizer"] = keras.regularizers.serialize(
-        without_group_lasso(layer_plan.layer.kernel_regularizer))
-    units = int(layer_plan.kept_units.size)
-    use_bias = layer_plan.bias is not None
-    dtype = layer_plan.layer.dtype
-    if layer_plan.to_dense:
-        layer = keras.layers.Dense.from_config({**settings, "units": units, "use_bias": use_bias})
-        layer.build((None, layer_plan.kernel.shape[0]))
-        layer.kernel.assign(layer_plan.kernel.toarray().astype(dtype))
-    else:
-        layer = SparseDense(units, pattern=layer_plan.kernel.astype(dtype), use_bias=use_bias,
-                            **{k: v for k, v in settings.items()})
-        layer.build((None, layer_plan.kernel.shape[0]))
-    if use_bias:
-        layer.bias.assign(layer_plan.bias.astype(dtype))
-    return layer
+    return _build.fully_connected(layer_plan.layer, layer_plan.kernel, layer_plan.bias,
+                                  layer_plan.to_dense)
+
+
+def uses_chain_path(model):
+    """Whether :func:`compact` treats ``model`` as a Sequential Dense/SparseDense chain.
+
+    Such chains (Flatten first, Dense/SparseDense layers with Dropout and
+    elementwise activation layers after them) are compacted as before
+    functional support existed, with input gathering and ``drop_inputs``;
+    an unbuilt Sequential or one holding pruning wrappers gets the chain
+    path's error. Every other model goes through the functional path.
+    """
+    if not isinstance(model, keras.Sequential):
+        return False
+    if not model.built or any(type(layer).__name__ == "PruneLowMagnitude"
+                              for layer in model.layers):
+        return True
+    try:
+        _chain(model)
+    except ValueError:
+        return False
+    return True
 
 
 def compact(model, dense_threshold=DEFAULT_DENSE_THRESHOLD, drop_inputs=False):
-    """A new, smaller model in which the neurons FSSL removed are physically gone.
+    """A new, smaller model in which the neurons and channels FSSL removed are gone.
 
-    For each pair of consecutive layers, a hidden unit is removed when its
-    kernel column is zero (it is then a constant, ``activation(bias)``, which is
-    folded into the next layer's bias, so no activation is lost) or when its row
-    in the next layer's kernel is zero (nothing reads it); this is repeated
-    through the chain in both directions. Input features whose first-layer rows
-    are zero are removed too. The output units all stay. Only exact zeros
-    count: after ``callbacks.FSSL`` the removed groups are exactly zero.
+    **Sequential chains of Dense/SparseDense layers** (optionally a Flatten
+    first, and Dropout or elementwise activation layers after them): for each
+    pair of consecutive layers, a hidden unit is removed when its kernel
+    column is zero (it is then a constant, ``activation(bias)``, which is
+    folded into the next layer's bias, so no activation is lost) or when its
+    row in the next layer's kernel is zero (nothing reads it); this is
+    repeated through the chain in both directions. Input features whose
+    first-layer rows are zero are removed too. The output units all stay.
+
+    **Functional models** (and Sequential models with other layers), such as
+    CNNs and residual networks: every channel (last axis) of every tensor is
+    removed when nothing reads it with a nonzero weight, or when it is a
+    constant (a zero filter's ``activation(bias)``, through BatchNormalization,
+    pooling, ...) that every reader can fold exactly into its bias (Dense, a
+    convolution with "valid" padding or a 1x1 kernel; a nonzero constant read
+    by a "same"-padded wider convolution stays, since the zero padding makes
+    its contribution depend on the position). Conv1D/2D/3D lose filters and
+    input channels, Dense/SparseDense units and inputs, BatchNormalization its
+    statistics of removed channels. Layers acting channel by channel
+    (activations, Dropout, pooling, BatchNormalization, ``Add`` and the other
+    elementwise merges) keep the same channels on all inputs and the output:
+    across a residual ``Add`` a channel goes only if it goes in every addend.
+    ``Concatenate`` maps its channels to its inputs', ``Flatten`` its features
+    to channels. Other layers (a custom layer, ``Lambda``, ``Reshape``,
+    transposed or depthwise convolutions, ...) are left intact with every
+    channel around them kept, and named in a warning (see also
+    :func:`tfsparse.fssl.report`). The model's inputs and outputs keep their
+    shapes.
+
+    Only exact zeros count: after ``callbacks.FSSL`` the removed groups are
+    exactly zero. The compacted model computes the same function at inference
+    (``training=False``), up to float rounding of a different summation order.
 
     A SparseDense layer whose compacted kernel has density at least
     ``dense_threshold`` becomes a ``Dense`` layer; Dense layers stay Dense.
@@ -320,32 +336,32 @@ def compact(model, dense_threshold=DEFAULT_DENSE_THRESHOLD, drop_inputs=False):
     compacted model is not penalised (other terms, such as L2, stay).
 
     Constants are folded at inference: a Dropout after a removed constant unit
-    no longer drops it when the compacted model is trained further.
+    no longer drops it, and a BatchNormalization no longer normalises it,
+    when the compacted model is trained further.
 
-    Inputs: by default the compacted model takes the same inputs as ``model``.
-    If its compacted first layer is a Dense (a Dense, or a SparseDense at
-    least ``dense_threshold`` dense) that lost input rows, a ``GatherInputs``
-    layer selects the kept features first (on CPU with the SpMM kernel). A
-    first layer that stays SparseDense needs none: it keeps the original input
-    width and its pattern, which holds only the kept nonzeros, reads the kept
-    inputs where they are. Removed hidden units are never gathered: they are
-    not computed. With ``drop_inputs=True`` the compacted model instead takes
-    only the kept (flattened) features, ``x[:, kept_inputs(model)]``.
+    Inputs of a chain: by default the compacted model takes the same inputs as
+    ``model``. If its compacted first layer is a Dense (a Dense, or a
+    SparseDense at least ``dense_threshold`` dense) that lost input rows, a
+    ``GatherInputs`` layer selects the kept features first (on CPU with the
+    SpMM kernel). A first layer that stays SparseDense needs none: it keeps the
+    original input width and its pattern, which holds only the kept nonzeros,
+    reads the kept inputs where they are. With ``drop_inputs=True`` the
+    compacted chain instead takes only the kept (flattened) features,
+    ``x[:, kept_inputs(model)]``. Functional models keep their input width.
 
     Args:
-        model: a built ``tf_keras`` Sequential chain of Dense/SparseDense layers,
-            optionally with a Flatten before the first, and Dropout or
-            elementwise activation layers (Activation, ReLU, LeakyReLU, ELU)
-            after them. Anything else raises a ValueError naming the layer.
+        model: a built ``tf_keras`` Sequential or functional model.
         dense_threshold: density in [0, 1] from which a SparseDense becomes Dense.
-        drop_inputs: take only the kept input features (see above).
+        drop_inputs: take only the kept input features (chains only, see above).
 
     Returns:
-        A new ``keras.Sequential``; ``model`` is unchanged.
+        A new model (``keras.Sequential`` for a chain, functional otherwise);
+        ``model`` is unchanged.
 
     Raises:
-        ValueError: for unsupported models, or when every input of the first
-            layer or every unit of a hidden layer would be removed.
+        ValueError: for unsupported models (unbuilt, subclassed, shared layers,
+            pruning wrappers), or when every input of a layer that the outputs
+            depend on would be removed.
 
     Example:
         >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3),
@@ -355,8 +371,23 @@ def compact(model, dense_threshold=DEFAULT_DENSE_THRESHOLD, drop_inputs=False):
         >>> model.layers[0].set_weights([kernel, bias])
         >>> [layer.units for layer in compact(model).layers]
         [2, 2]
+        >>> inputs = keras.Input((6, 6, 1))
+        >>> hidden = keras.layers.Conv2D(4, 3, activation="relu")(inputs)
+        >>> outputs = keras.layers.Conv2D(2, 1)(hidden)
+        >>> cnn = keras.Model(inputs, outputs)
+        >>> kernel, bias = cnn.layers[1].get_weights()
+        >>> kernel[..., :3] = 0.0  # three zero filters: constants relu(bias), folded
+        >>> cnn.layers[1].set_weights([kernel, bias])
+        >>> compact(cnn).layers[1].filters
+        1
     """
     _check_threshold(dense_threshold)
+    if not uses_chain_path(model):
+        if drop_inputs:
+            raise invalid_value(
+                "drop_inputs", "False for a model that is not a Sequential chain of "
+                "Dense/SparseDense layers", True)
+        return functional.compact_graph(model, dense_threshold)
     flatten, chain = _chain(model)
     plans = plan(model, dense_threshold)
     first = plans[0]

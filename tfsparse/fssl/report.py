@@ -1,7 +1,9 @@
 """report(): a per-layer table of what compaction removes and what it saves."""
 
+from tfsparse.fssl import functional
 from tfsparse.fssl.compact import DEFAULT_DENSE_THRESHOLD
 from tfsparse.fssl.compact import plan
+from tfsparse.fssl.compact import uses_chain_path
 from tfsparse.layers import SparseDense
 
 _COLUMNS = (
@@ -24,13 +26,20 @@ def _macs(is_dense, shape, nnz):
 def report(model, dense_threshold=DEFAULT_DENSE_THRESHOLD, print_fn=print):
     """Prints and returns, per layer, what ``compact(model, dense_threshold)`` would do.
 
+    For a functional model (or a Sequential one beyond a Dense/SparseDense
+    chain) the rows cover its Dense, SparseDense and convolution layers: a
+    convolution's shapes are its kernel's ``(*spatial, in, filters)``, its
+    multiply-adds per sample every kernel entry at every output position
+    (a dense convolution multiplies zeros too). Layers left intact (see
+    :func:`tfsparse.fssl.compact`) are named under the table.
+
     Args:
         model: a model that :func:`tfsparse.fssl.compact` accepts.
         dense_threshold: as in :func:`tfsparse.fssl.compact`.
         print_fn: called with the formatted table (a str); None prints nothing.
 
     Returns:
-        A list with one dict per Dense/SparseDense layer and a last ``"total"``
+        A list with one dict per Dense/SparseDense/convolution layer and a last ``"total"``
         one, with keys ``layer``, ``type`` (before -> after), ``shape_before``,
         ``shape_after`` (over the kept inputs and units: a first layer that
         stays SparseDense is built with the original input width, but its
@@ -51,6 +60,31 @@ def report(model, dense_threshold=DEFAULT_DENSE_THRESHOLD, print_fn=print):
         >>> rows[0]["macs_before"], rows[0]["macs_removed"]
         (12, 0.0)
     """
+    intact = []
+    if uses_chain_path(model):
+        rows = _chain_rows(model, dense_threshold)
+    else:
+        rows, intact = functional.report_rows(model, dense_threshold)
+    total_before = sum(row["macs_before"] for row in rows)
+    total_after = sum(row["macs_after"] for row in rows)
+    rows.append({
+        "layer": "total", "type": "", "shape_before": "", "shape_after": "",
+        "nnz_before": sum(row["nnz_before"] for row in rows),
+        "nnz_after": sum(row["nnz_after"] for row in rows),
+        "macs_before": total_before, "macs_after": total_after,
+    })
+    for row in rows:
+        row["nnz_removed"] = _share_removed(row["nnz_before"], row["nnz_after"])
+        row["macs_removed"] = _share_removed(row["macs_before"], row["macs_after"])
+    if print_fn is not None:
+        table = format_table(rows)
+        if intact:
+            table += "\nleft intact, every channel around them kept: " + ", ".join(intact)
+        print_fn(table)
+    return rows
+
+
+def _chain_rows(model, dense_threshold):
     rows = []
     for layer_plan in plan(model, dense_threshold):
         layer = layer_plan.layer
@@ -73,19 +107,6 @@ def report(model, dense_threshold=DEFAULT_DENSE_THRESHOLD, print_fn=print):
             "macs_before": macs_before,
             "macs_after": macs_after,
         })
-    total_before = sum(row["macs_before"] for row in rows)
-    total_after = sum(row["macs_after"] for row in rows)
-    rows.append({
-        "layer": "total", "type": "", "shape_before": "", "shape_after": "",
-        "nnz_before": sum(row["nnz_before"] for row in rows),
-        "nnz_after": sum(row["nnz_after"] for row in rows),
-        "macs_before": total_before, "macs_after": total_after,
-    })
-    for row in rows:
-        row["nnz_removed"] = _share_removed(row["nnz_before"], row["nnz_after"])
-        row["macs_removed"] = _share_removed(row["macs_before"], row["macs_after"])
-    if print_fn is not None:
-        print_fn(format_table(rows))
     return rows
 
 

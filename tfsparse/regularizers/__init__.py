@@ -1,4 +1,4 @@
-"""Structured-sparsity regularisers (group lasso) for dense and sparse kernels.
+"""Structured-sparsity regularisers (group lasso) for dense, sparse and convolution kernels.
 
 Example:
   >>> import tensorflow as tf
@@ -10,6 +10,8 @@ Example:
   0.5
 """
 
+from tfsparse.regularizers.conv_norms import conv_group_norms
+from tfsparse.regularizers.conv_norms import conv_keep_mask
 from tfsparse.regularizers.group_lasso import GroupLasso
 from tfsparse.regularizers.group_lasso import RegularizerSum
 from tfsparse.regularizers.group_lasso import group_lasso_terms
@@ -26,6 +28,8 @@ from tfsparse.regularizers.group_norms import sparse_keep_mask
 __all__ = [
     "GroupLasso",
     "RegularizerSum",
+    "conv_group_norms",
+    "conv_keep_mask",
     "dense_group_norms",
     "dense_keep_mask",
     "group_ids",

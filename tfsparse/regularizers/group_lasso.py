@@ -7,7 +7,11 @@ from tfsparse._keras import keras
 
 import tensorflow as tf  # noqa: E402  (after tfsparse._keras selects Keras 2)
 from tfsparse._validation import invalid_value  # noqa: E402
+from tfsparse.regularizers import conv_norms  # noqa: E402
 from tfsparse.regularizers import group_norms  # noqa: E402
+
+_DENSE_KINDS = group_norms.GROUP_KINDS
+_CONV_KINDS = conv_norms.CONV_KINDS
 
 
 def _validate(l, groups, block_shape):
@@ -22,13 +26,14 @@ def _validate(l, groups, block_shape):
     if (
         not isinstance(kinds, (tuple, list))
         or not kinds
-        or any(kind not in group_norms.GROUP_KINDS for kind in kinds)
         or len(set(kinds)) != len(kinds)
+        or not (set(kinds) <= set(_DENSE_KINDS) or set(kinds) <= set(_CONV_KINDS))
     ):
         raise invalid_value(
             "groups",
-            "'rows', 'columns', 'blocks' or a sequence of distinct ones such as "
-            "('rows', 'columns')",
+            "'rows', 'columns', 'blocks' (Dense kernels), 'filters', 'channels', 'shapes', "
+            "'blocks' (convolution kernels) or a sequence of distinct ones of one family such "
+            "as ('rows', 'columns')",
             groups,
         )
     if "blocks" in kinds:
@@ -61,10 +66,12 @@ _Trackable = tf.__internal__.tracking.AutoTrackable
 
 @keras.saving.register_keras_serializable(package="tfsparse")
 class GroupLasso(keras.regularizers.Regularizer, _Trackable):
-    """Group lasso ``l * sum_g ||w_g||_2`` over rows, columns or blocks of a kernel.
+    """Group lasso ``l * sum_g ||w_g||_2`` over groups of a Dense or convolution kernel.
 
     Works as the ``kernel_regularizer`` of a ``Dense`` layer (called on the 2-D
-    kernel) and of a ``SparseDense`` layer (which calls
+    kernel), of a ``Conv1D``/``Conv2D``/``Conv3D`` layer (called on its kernel
+    ``(*spatial, in_channels, filters)``, with SSL's conv groups, see
+    :mod:`tfsparse.regularizers.conv_norms`) and of a ``SparseDense`` layer (which calls
     :meth:`sparse_penalty` with its nonzero values and pattern; the groups are
     then formed over the nonzeros, never densified), and as a plain callable.
 
@@ -80,9 +87,14 @@ class GroupLasso(keras.regularizers.Regularizer, _Trackable):
 
     Args:
         l: the penalty strength, a float >= 0.
-        groups: ``"rows"`` (one input neuron's fan-out), ``"columns"`` (one
-            output neuron's fan-in), ``"blocks"`` (``block_shape`` tiles), or a
-            sequence of distinct kinds.
+        groups: for Dense/SparseDense kernels ``"rows"`` (one input neuron's
+            fan-out), ``"columns"`` (one output neuron's fan-in); for
+            convolution kernels ``"filters"`` (one output channel's kernel),
+            ``"channels"`` (one input channel across all filters), ``"shapes"``
+            (one ``(*position, in_channel)`` across all filters); for both
+            ``"blocks"`` (``block_shape`` tiles of the kernel, or of a
+            convolution kernel's im2col matrix); or a sequence of distinct
+            kinds of one family.
         block_shape: ``(bh, bw)``, required when ``groups`` includes ``"blocks"``.
 
     Example:
@@ -105,16 +117,22 @@ class GroupLasso(keras.regularizers.Regularizer, _Trackable):
 
     def __call__(self, x):
         x = tf.convert_to_tensor(x)
-        if x.shape.rank != 2:
+        rank = x.shape.rank
+        conv = set(self.kinds) <= set(_CONV_KINDS) and not set(self.kinds) <= set(_DENSE_KINDS)
+        if rank == 2 and not conv:
+            norms = group_norms.dense_group_norms
+        elif rank is not None and 3 <= rank <= 5 and set(self.kinds) <= set(_CONV_KINDS):
+            norms = conv_norms.conv_group_norms
+        else:
             raise invalid_value(
-                "x", "the 2-D kernel (input_dim, units) of a dense layer; for a sparse "
-                "kernel call sparse_penalty(values, pattern)",
-                received=f"x with shape {x.shape}",
+                "x", "the 2-D kernel (input_dim, units) of a dense layer for groups 'rows', "
+                "'columns', 'blocks', or a convolution kernel (*spatial, in_channels, filters) "
+                "for groups 'filters', 'channels', 'shapes', 'blocks'; for a sparse kernel call "
+                "sparse_penalty(values, pattern)",
+                received=f"x with shape {x.shape} and groups={self.groups!r}"
             )
         total = tf.add_n(
-            [tf.reduce_sum(group_norms.dense_group_norms(x, kind, self.block_shape))
-             for kind in self.kinds]
-        )
+            [tf.reduce_sum(norms(x, kind, self.block_shape)) for kind in self.kinds])
         return tf.cast(self.strength, x.dtype) * total
 
     def sparse_penalty(self, values, pattern):
@@ -129,6 +147,10 @@ class GroupLasso(keras.regularizers.Regularizer, _Trackable):
             A scalar tensor.
         """
         values = tf.convert_to_tensor(values)
+        if not set(self.kinds) <= set(_DENSE_KINDS):
+            raise invalid_value(
+                "groups", "'rows', 'columns' or 'blocks' for the kernel of a SparseDense layer",
+                self.groups)
         total = tf.add_n(
             [tf.reduce_sum(group_norms.sparse_group_norms(
                 values, pattern.rows, pattern.cols, pattern.shape, kind, self.block_shape))
