@@ -1,13 +1,17 @@
 """SparseDense against Dense, a tf.sparse layer and SciPy, side by side.
 
     python benchmarks/sparse_dense_speed.py [--size 4096] [--per-column 32] [--batch 256]
+        [--isa default|all|avx512|avx2|portable]
 
 Measures, in one process and interleaved (medians of repeated runs):
   * a training step (forward, gradients, SGD update) of SparseDense (compiled
     kernels, and TensorFlow's CSR ops: its GPU path), Dense, and a layer built
     on tf.sparse.sparse_dense_matmul;
   * inference of SparseDense, Dense and SciPy's CSR product (one thread).
-Prints times, ratios and the issue's targets.
+With ``--isa all``, SparseDense runs once per kernel variant the CPU
+supports (AVX-512, AVX2, portable), each traced on its variant, all in the
+same interleaved rounds. Prints the CPU, times, ratios and the targets per
+variant.
 """
 
 import argparse
@@ -20,8 +24,8 @@ import tensorflow as tf  # noqa: E402
 
 from tfsparse._keras import keras  # noqa: E402
 from tfsparse.layers import SparseDense  # noqa: E402
-from tfsparse.ops import SparsityPattern, kernels_available, sparse_matmul  # noqa: E402
-from timing import interleaved_medians  # noqa: E402
+from tfsparse.ops import SparsityPattern, sparse_matmul  # noqa: E402
+from timing import add_isa_argument, describe_machine, interleaved_medians, isas_to_run, traced_on  # noqa: E402
 
 
 class TFSparseMatmulDense(keras.layers.Layer):
@@ -75,7 +79,9 @@ def main():
     parser.add_argument("--per-column", type=int, default=32)
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=30)
+    add_isa_argument(parser)
     args = parser.parse_args()
+    isas = isas_to_run(args.isa)
     n, batch = args.size, args.batch
     pattern = SparsityPattern.random((n, n), args.per_column / n, seed=0)
     rng = np.random.default_rng(0)
@@ -92,11 +98,12 @@ def main():
         layer(x[:1])
     print(f"kernel {n}x{n}, {args.per_column} nonzeros per column "
           f"(nnz={pattern.nnz}, density={pattern.density:.4%}), batch {batch}, float32; "
-          f"compiled kernels: {kernels_available()}; "
-          f"{os.cpu_count()} CPUs; medians of {args.repeats} interleaved runs\n")
+          f"{os.cpu_count()} CPUs; medians of {args.repeats} interleaved runs")
+    print(describe_machine(isas) + "\n")
+    names = {isa: f"SparseDense [{isa or 'TF fallback'}]" for isa in isas}
 
     train = interleaved_medians({
-        "SparseDense": train_step_fn(sparse, x, target),
+        **{names[isa]: traced_on(isa, train_step_fn(sparse, x, target)) for isa in isas},
         "SparseDense on TF CSR ops (GPU path)": train_step_fn(tf_ops, x, target),
         "Dense": train_step_fn(dense, x, target),
         "tf.sparse.sparse_dense_matmul layer": train_step_fn(tf_sparse, x, target),
@@ -104,7 +111,7 @@ def main():
 
     x_numpy = x.numpy()
     predict = {
-        "SparseDense": tf.function(lambda: sparse(x)),
+        **{names[isa]: traced_on(isa, tf.function(lambda: sparse(x))) for isa in isas},
         "SparseDense on TF CSR ops (GPU path)": tf.function(lambda: tf_ops(x)),
         "Dense": tf.function(lambda: dense(x)),
     }
@@ -112,7 +119,7 @@ def main():
     # does: np.asarray views a CPU tensor's buffer (Tensor.numpy() would add a
     # copy of the output to the TensorFlow candidates only).
     infer = interleaved_medians({
-        "SparseDense": lambda: np.asarray(predict["SparseDense"]()),
+        **{names[isa]: (lambda name=names[isa]: np.asarray(predict[name]())) for isa in isas},
         "SparseDense on TF CSR ops (GPU path)":
             lambda: np.asarray(predict["SparseDense on TF CSR ops (GPU path)"]()),
         "Dense": lambda: np.asarray(predict["Dense"]()),
@@ -120,23 +127,24 @@ def main():
     }, repeats=args.repeats)
 
     def table(title, results, reference):
-        print(f"{title:<40} {'median ms':>10} {'SparseDense faster by':>22}")
+        print(f"{title:<40} {'median ms':>10} {'/ ' + reference:>32}")
         for name, seconds in results.items():
-            print(f"{name:<40} {seconds * 1e3:>10.2f} {seconds / results[reference]:>21.1f}x")
+            print(f"{name:<40} {seconds * 1e3:>10.2f} {seconds / results[reference]:>31.1f}x")
         print()
 
-    table("training step", train, "SparseDense")
-    table("inference", infer, "SparseDense")
-    targets = [
-        ("train step >= 6x faster than Dense", train["Dense"] / train["SparseDense"], 6),
-        ("train step >= 3x faster than tf.sparse layer",
-         train["tf.sparse.sparse_dense_matmul layer"] / train["SparseDense"], 3),
-        ("inference >= 10x faster than Dense", infer["Dense"] / infer["SparseDense"], 10),
-        ("inference not slower than SciPy CSR",
-         infer["SciPy CSR (1 thread)"] / infer["SparseDense"], 1),
-    ]
-    for name, ratio, goal in targets:
-        print(f"{'PASS' if ratio >= goal else 'FAIL'}  {name}: {ratio:.1f}x")
+    table("training step", train, names[isas[0]])
+    table("inference", infer, names[isas[0]])
+    for isa in isas:
+        ours_train, ours_infer = train[names[isa]], infer[names[isa]]
+        targets = [
+            ("train step >= 6x faster than Dense", train["Dense"] / ours_train, 6),
+            ("train step >= 3x faster than tf.sparse layer",
+             train["tf.sparse.sparse_dense_matmul layer"] / ours_train, 3),
+            ("inference >= 10x faster than Dense", infer["Dense"] / ours_infer, 10),
+            ("inference not slower than SciPy CSR", infer["SciPy CSR (1 thread)"] / ours_infer, 1),
+        ]
+        for name, ratio, goal in targets:
+            print(f"{'PASS' if ratio >= goal else 'FAIL'}  [{isa or 'TF fallback'}] {name}: {ratio:.1f}x")
 
 
 if __name__ == "__main__":

@@ -40,3 +40,64 @@ def interleaved_medians(candidates, repeats=30, warmup=3, seed=0):
         if was_enabled:
             gc.enable()
     return {name: float(np.median(times)) for name, times in samples.items()}
+
+
+def cpu_model():
+    """The CPU's model name as lscpu prints it (from /proc/cpuinfo), or the platform's."""
+    import platform
+
+    try:
+        with open("/proc/cpuinfo") as info:
+            for line in info:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def add_isa_argument(parser):
+    """``--isa default|all|avx512|avx2|portable``: which kernel variants to time."""
+    parser.add_argument(
+        "--isa", default="default",
+        help="kernel variant(s) to time: 'default' (the one tfsparse picks, or TFSPARSE_ISA), "
+             "'all' (every variant this CPU supports, side by side), or one name")
+
+
+def isas_to_run(choice):
+    """The variants ``--isa choice`` asks for, checked against this CPU."""
+    from tfsparse.ops import kernels
+
+    if not kernels.available():
+        return [None]
+    if choice == "default":
+        return [kernels.isa()]
+    if choice == "all":
+        return list(kernels.supported_isas())
+    if choice not in kernels.supported_isas():
+        raise SystemExit(f"--isa {choice}: this CPU supports {', '.join(kernels.supported_isas())}")
+    return [choice]
+
+
+def traced_on(isa, fn):
+    """Calls ``fn`` once inside ``kernels.use_isa(isa)`` (tracing its tf.functions there).
+
+    Later calls reuse those traces, so they run that variant; ``isa=None``
+    (no compiled kernels) calls it as it is.
+    """
+    import contextlib
+
+    from tfsparse.ops import kernels
+
+    with kernels.use_isa(isa) if isa else contextlib.nullcontext():
+        fn()
+    return fn
+
+
+def describe_machine(isas):
+    """One line: the CPU, and the kernel variants timed."""
+    from tfsparse.ops import kernels
+
+    supported = ", ".join(kernels.supported_isas()) or "none (no compiled kernels)"
+    timed = ", ".join(i for i in isas if i) or "the TensorFlow fallback"
+    return f"CPU: {cpu_model()}; kernel variants supported: {supported}; timed: {timed}"

@@ -137,3 +137,21 @@ def test_disabling_kernels_while_requiring_them_is_an_error(fresh_loader, monkey
     monkeypatch.setenv("TFSPARSE_REQUIRE_KERNELS", "1")
     with pytest.raises(RuntimeError, match="contradict each other"):
         kernels.available()
+
+
+@pytest.mark.skipif(shutil.which("aarch64-linux-gnu-g++") is None,
+                    reason="no aarch64 cross compiler (Debian's g++-aarch64-linux-gnu) installed")
+def test_sources_compile_for_aarch64_with_the_portable_variant_only(tmp_path):
+    # Off x86-64 only the portable variant exists (variants.inc); the sources
+    # must compile there. TensorFlow's headers are the same on every
+    # architecture; linking needs an aarch64 TensorFlow, which is not here.
+    import tensorflow as tf
+
+    kernel_dir = kernels.LIBRARY_PATH.parent
+    for source in sorted(kernel_dir.glob("*.cc")):
+        subprocess.run(
+            ["aarch64-linux-gnu-g++", "-c", "-O1", "-fPIC", "-fopenmp-simd", "-Wno-deprecated-declarations",
+             str(source), "-o", str(tmp_path / (source.stem + ".o"))] + tf.sysconfig.get_compile_flags(),
+            check=True, capture_output=True, timeout=600)
+    symbols = subprocess.run(["nm", "-C", str(tmp_path / "spmm.o")], capture_output=True, text=True).stdout
+    assert "tfsparse::isa_portable::" in symbols and "tfsparse::isa_avx2::" not in symbols
