@@ -10,6 +10,7 @@ from tfsparse._keras import keras  # noqa: F401  (selects tf_keras first)
 
 from tfsparse import compression
 from tfsparse import data
+from tfsparse import dynamic
 from tfsparse import fssl
 from tfsparse import graphchallenge
 from tfsparse import layers
@@ -24,6 +25,7 @@ __all__ = [
     "SparseDense",
     "compression",
     "data",
+    "dynamic",
     "fssl",
     "graphchallenge",
     "keras",
