@@ -40,7 +40,7 @@ def layer_gradients(model, layers, x, y, loss=None):
             layer._gradient_probe = probe
         try:
             predictions = model(x, training=True)
-            value = loss_fn(y, predictions)
+            value = tf.reduce_mean(loss_fn(y, predictions))  # a function loss is per sample
         finally:
             for layer in layers:
                 layer._gradient_probe = None
