@@ -14,12 +14,10 @@ from tfsparse.compression.sidco_select import sidco_select
 from tfsparse.compression.sidco_select import sidco_select_adaptive
 from tfsparse.ops import kernels
 
+from kernel_paths import PATHS, VARIANTS
+
 # The module, not the function the package re-exports under the same name.
 select_module = importlib.import_module("tfsparse.compression.sidco_select")
-requires_kernels = pytest.mark.skipif(
-    not kernels.available(), reason="compiled kernels not built (python -m tfsparse.ops.build)"
-)
-PATHS = [False, pytest.param(True, marks=requires_kernels)]
 MAX_STAGES = 7  # ratio 0.01
 ADAPT_EVERY = 5
 F32 = np.float32
@@ -121,9 +119,9 @@ def test_one_call_from_random_states_matches_the_reference(use_kernel, on_path):
     assert branches == {None, "in band", "preferred", "alternative", "both worse"}
 
 
-@requires_kernels
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("family", ["normal", "t3"])
-def test_both_paths_adapt_alike_inside_tf_function(family, on_path):
+def test_both_paths_adapt_alike_inside_tf_function(variant, family, on_path):
     rng = np.random.default_rng(12)
     g = tf.constant((rng.normal(size=100_000) if family == "normal"
                      else rng.standard_t(3, size=100_000)).astype(np.float32))
@@ -148,8 +146,8 @@ def test_both_paths_adapt_alike_inside_tf_function(family, on_path):
     np.testing.assert_allclose(states[0], states[1], rtol=1e-6)
 
 
-@requires_kernels
-def test_values_read_before_the_op_keep_their_value():
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_values_read_before_the_op_keep_their_value(variant):
     # ReadVariableOp aliases the variable's buffer; the op must not write into it.
     g = tf.constant(np.random.default_rng(13).normal(size=50_000).astype(np.float32))
     compressor = SIDCo(0.01)
@@ -163,8 +161,8 @@ def test_values_read_before_the_op_keep_their_value():
     np.testing.assert_array_equal(held_state.numpy(), snapshot)
 
 
-@requires_kernels
-def test_selection_is_that_of_sidco_select():
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_selection_is_that_of_sidco_select(variant):
     g = tf.constant(np.random.default_rng(14).standard_t(3, size=30_000).astype(np.float32))
     stages = tf.Variable(3)
     adaptation = tf.Variable(initial_adaptation(MAX_STAGES), dtype=tf.float64)
@@ -179,8 +177,8 @@ def test_selection_is_that_of_sidco_select():
     assert float(total) == np.float32(int(tf.size(indices))) / np.float32(300)
 
 
-@requires_kernels
-def test_variables_of_the_wrong_shape_or_a_stage_count_out_of_range_raise():
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_variables_of_the_wrong_shape_or_a_stage_count_out_of_range_raise(variant):
     g = tf.constant(np.random.default_rng(15).laplace(size=5_000).astype(np.float32))
     with pytest.raises(tf.errors.InvalidArgumentError,
                        match=r"SIDCo's adaptation variable must be double \[19\], got double \[4\]"):

@@ -13,8 +13,8 @@ from tfsparse.ops import kernels
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "layers"))
 from layer_contract import check_layer_contract  # noqa: E402  (tests/layers/layer_contract.py)
 
-requires_kernels = pytest.mark.skipif(
-    not kernels.available(), reason="compiled kernels not built (python -m tfsparse.ops.build)")
+from kernel_paths import PATHS, VARIANTS
+
 
 INDICES = [5, 0, 3, 6]
 
@@ -49,9 +49,9 @@ def test_layer_contract(tmp_path):
     check_layer_contract(lambda: fssl.GatherInputs(INDICES), input_dim=7, tmp_path=tmp_path)
 
 
-@requires_kernels
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_kernel_path_selects_exactly(dtype):
+def test_kernel_path_selects_exactly(variant, dtype):
     rng = np.random.default_rng(0)
     x = rng.standard_normal((37, 7)).astype(dtype)  # 37: two full 16-row panels and a rest
     x[0, 1], x[1, 2], x[2, 4] = np.nan, np.inf, -np.inf  # in removed columns: never read
@@ -87,8 +87,8 @@ def test_input_gradient_scatters_back():
     np.testing.assert_array_equal(tape.gradient(loss, x).numpy(), expected)
 
 
-@requires_kernels
-def test_saved_model_export_uses_core_ops_only(tmp_path):
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_saved_model_export_uses_core_ops_only(variant, tmp_path):
     module = tf.Module()
     module.layer = fssl.GatherInputs(INDICES)
     module.call = tf.function(module.layer, input_signature=[tf.TensorSpec([None, 7], tf.float32)])

@@ -8,6 +8,8 @@ from tfsparse._keras import keras
 from tfsparse.layers import SparseDense
 from tfsparse.ops import sparse_matmul
 
+from kernel_paths import PATHS
+
 # Unit roundoff of each half type: the product is computed in float32 from
 # the half inputs and rounded once to the half type.
 ROUNDOFF = {"float16": 2.0 ** -11, "bfloat16": 2.0 ** -8}
@@ -20,7 +22,7 @@ def policy(request):
     keras.mixed_precision.set_global_policy("float32")
 
 
-@pytest.mark.parametrize("use_kernel", [True, False], ids=["kernel", "csr"])
+@pytest.mark.parametrize("use_kernel", PATHS)
 def test_forward_and_gradients_in_half_precision(policy, use_kernel):
     dtype = tf.as_dtype(policy)
     layer = SparseDense(6, density=0.4, seed=0)
@@ -68,7 +70,7 @@ def test_model_fit_and_reload_under_mixed_precision(policy, tmp_path):
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("use_kernel", [True, False], ids=["kernel", "tf"])
+@pytest.mark.parametrize("use_kernel", PATHS)
 def test_sddmm_in_half_precision(dtype, use_kernel):
     from tfsparse.ops import sddmm
 

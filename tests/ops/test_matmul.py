@@ -9,13 +9,10 @@ from tfsparse.ops import SparsityPattern
 from tfsparse.ops import kernels
 from tfsparse.ops import sparse_matmul
 
-# Every test runs on both paths: tfsparse's compiled kernels and TensorFlow's
-# own CSR ops (the GPU and SavedModel path, and the fallback).
-PATHS = [
-    pytest.param(True, id="compiled", marks=pytest.mark.skipif(
-        not kernels.available(), reason="compiled kernels not built")),
-    pytest.param(False, id="tensorflow"),
-]
+from kernel_paths import PATHS, VARIANTS
+
+# Every test runs on every path: each variant of tfsparse's compiled kernels
+# and TensorFlow's own CSR ops (the GPU and SavedModel path, and the fallback).
 
 
 def _kernel(shape, density, seed, empty_row=None, empty_col=None):
@@ -79,6 +76,8 @@ def test_forward_and_gradients_match_masked_dense_reference(
         (37, 45, 29),  # a partial panel, inputs and columns past the last 16
         (5, 40, 20),  # fewer rows than one 16-row panel (the portable loop)
         (16, 16, 16),
+        (48, 13, 21),  # whole panels; inputs fewer than one 16-wide transpose
+        (33, 24, 40),  # 8-wide (AVX2) and 16-wide (AVX-512) transposes plus a tail
     ],
 )
 def test_float32_matches_float64_reference_within_rounding(use_kernel, batch, input_dim, units):
@@ -120,8 +119,8 @@ def test_any_batch_size_through_one_traced_function(use_kernel, batch):
     np.testing.assert_allclose(apply(x).numpy(), x @ pattern.to_scipy(values).toarray(), atol=1e-12)
 
 
-@pytest.mark.skipif(not kernels.available(), reason="compiled kernels not built")
-def test_compiled_kernel_rejects_a_malformed_pattern():
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_compiled_kernel_rejects_a_malformed_pattern(variant):
     x, values = np.ones((2, 3), np.float32), np.ones(2, np.float32)
     with pytest.raises(tf.errors.InvalidArgumentError, match="outside"):
         kernels.spmm(x, values, np.array([0, 3], np.int32), np.array([0, 1], np.int32), 2)
@@ -158,16 +157,16 @@ def test_bias_is_added_and_gets_the_summed_output_gradient(use_kernel, batch):
     np.testing.assert_allclose(dbias, dy.sum(axis=0), atol=1e-12)
 
 
-@pytest.mark.skipif(not kernels.available(), reason="compiled kernels not built")
-def test_compiled_kernel_rejects_a_bias_of_the_wrong_length():
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_compiled_kernel_rejects_a_bias_of_the_wrong_length(variant):
     with pytest.raises(tf.errors.InvalidArgumentError, match="bias must be empty or of length 2"):
         kernels.spmm(np.ones((2, 3), np.float32), np.ones(2, np.float32),
                      np.array([0, 1], np.int32), np.array([0, 1], np.int32), 2,
                      bias=np.ones(3, np.float32))
 
 
-@pytest.mark.skipif(not kernels.available(), reason="compiled kernels not built")
-def test_compiled_kernel_builds_column_pointers_over_runs_and_gaps():
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_compiled_kernel_builds_column_pointers_over_runs_and_gaps(variant):
     # Long enough for the 16-wide neighbour comparison: columns with runs of
     # up to 40 nonzeros, gaps of empty columns at the start, inside, at the end.
     rng = np.random.default_rng(10)
@@ -186,9 +185,9 @@ def test_compiled_kernel_builds_column_pointers_over_runs_and_gaps():
                                rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.skipif(not kernels.available(), reason="compiled kernels not built")
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("position", [5, 21, 38])
-def test_compiled_kernel_rejects_a_long_unsorted_segment_list(position):
+def test_compiled_kernel_rejects_a_long_unsorted_segment_list(variant, position):
     seg = np.arange(40, dtype=np.int32)
     idx = np.zeros(40, np.int32)
     x, values = np.ones((2, 3), np.float32), np.ones(40, np.float32)

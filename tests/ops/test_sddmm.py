@@ -5,10 +5,8 @@ import tensorflow as tf
 from tfsparse.ops import kernels
 from tfsparse.ops import sddmm
 
-requires_kernels = pytest.mark.skipif(
-    not kernels.available(),
-    reason="compiled kernels not built (python -m tfsparse.ops.build)",
-)
+from kernel_paths import PATHS, VARIANTS
+
 
 
 def _case(dtype, seed=0, n_in=40, n_out=30, batch=17, nnz=200):
@@ -21,7 +19,7 @@ def _case(dtype, seed=0, n_in=40, n_out=30, batch=17, nnz=200):
     return x_t, dy_t, rows, cols, expected
 
 
-@pytest.mark.parametrize("use_kernel", [False, pytest.param(True, marks=requires_kernels)])
+@pytest.mark.parametrize("use_kernel", PATHS)
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_sddmm_matches_numpy(use_kernel, dtype):
     x_t, dy_t, rows, cols, expected = _case(dtype)
@@ -33,8 +31,8 @@ def test_sddmm_matches_numpy(use_kernel, dtype):
     assert np.all(np.abs(got - expected) <= bound)
 
 
-@requires_kernels
-def test_kernel_and_fallback_agree_inside_tf_function():
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_kernel_and_fallback_agree_inside_tf_function(variant):
     x_t, dy_t, rows, cols, _ = _case(np.float32, seed=3, batch=256, nnz=5000)
     kernel = tf.function(lambda *a: sddmm(*a, use_kernel=True))(x_t, dy_t, rows, cols)
     fallback = sddmm(x_t, dy_t, rows, cols, use_kernel=False)
@@ -43,8 +41,8 @@ def test_kernel_and_fallback_agree_inside_tf_function():
     assert np.all(np.abs(kernel.numpy() - fallback.numpy()) <= 2 * bound)
 
 
-@requires_kernels
-def test_kernel_rejects_indices_outside_the_kernel():
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_kernel_rejects_indices_outside_the_kernel(variant):
     x_t, dy_t, rows, cols, _ = _case(np.float32)
     rows[3] = 40
     with pytest.raises(tf.errors.InvalidArgumentError, match="outside the kernel"):

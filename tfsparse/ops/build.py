@@ -1,13 +1,22 @@
-"""Compile tfsparse's optional TensorFlow kernels: ``python -m tfsparse.ops.build``.
+"""Compile tfsparse's TensorFlow kernels: ``python -m tfsparse.ops.build``.
 
 The kernels are built against the installed TensorFlow with the compile and
-link flags from ``tf.sysconfig`` (the way Horovod builds its ops), into
-``tfsparse/ops/kernels/_tfsparse_kernels.so``. ``make setup`` runs this.
+link flags from ``tf.sysconfig`` (the way Horovod and TensorFlow's custom-op
+packages build their ops), into ``tfsparse/ops/kernels/_tfsparse_kernels.so``,
+with a ``_tfsparse_kernels.json`` beside it that records the TensorFlow
+version they were built against. ``make setup``, ``pip install`` and
+``pip wheel`` run this.
+
+One library serves every CPU of the architecture: nothing is compiled for the
+build machine (no ``-march=native``). The compute code is compiled once per
+instruction-set variant (portable, AVX2 + FMA, AVX-512) and the variant is
+chosen at run time from what the CPU reports (``tfsparse.ops.kernels``).
 Without the library tfsparse runs on its pure-TensorFlow fallback, which gives
 the same results, more slowly.
 """
 
 import argparse
+import json
 import os
 import pathlib
 import shlex
@@ -15,7 +24,20 @@ import subprocess
 import sys
 
 KERNEL_DIR = pathlib.Path(__file__).resolve().parent / "kernels"
-LIBRARY_PATH = KERNEL_DIR / "_tfsparse_kernels.so"
+LIBRARY_NAME = "_tfsparse_kernels.so"
+LIBRARY_PATH = KERNEL_DIR / LIBRARY_NAME
+# The compiler flags every build uses; only functions the variants mark get
+# more than the architecture's baseline instructions.
+FLAGS = [
+    "-shared", "-fPIC", "-O3", "-fopenmp-simd", "-ffp-contract=fast",
+    "-fvisibility=hidden", "-fvisibility-inlines-hidden",
+    "-Wno-deprecated-declarations",
+]
+
+
+def build_info_path(library):
+    """The JSON file that records what ``library`` was built against."""
+    return pathlib.Path(library).with_suffix(".json")
 
 
 def compile_command(output=LIBRARY_PATH, compiler="g++"):
@@ -25,8 +47,7 @@ def compile_command(output=LIBRARY_PATH, compiler="g++"):
 
     sources = sorted(str(path) for path in KERNEL_DIR.glob("*.cc"))
     return (
-        [compiler, "-shared", "-fPIC", "-O3", "-march=native", "-fopenmp-simd",
-         "-Wno-deprecated-declarations"]
+        [compiler] + FLAGS
         + sources
         + ["-o", str(output)]
         + tf.sysconfig.get_compile_flags()
@@ -35,12 +56,25 @@ def compile_command(output=LIBRARY_PATH, compiler="g++"):
 
 
 def build(output=LIBRARY_PATH, compiler="g++", verbose=True):
-    """Compiles the kernels and returns the path of the shared library."""
+    """Compiles the kernels and returns the path of the shared library.
+
+    Also writes the build record (``build_info_path(output)``): the
+    TensorFlow version and the compiler command.
+    """
+    import tensorflow as tf
+
+    output = pathlib.Path(output)
+    output.parent.mkdir(parents=True, exist_ok=True)
     command = compile_command(output, compiler)
     if verbose:
         print("tfsparse: " + " ".join(shlex.quote(part) for part in command))
     subprocess.run(command, check=True)
-    return pathlib.Path(output)
+    build_info_path(output).write_text(json.dumps({
+        "tensorflow_version": tf.__version__,
+        "compiler": compiler,
+        "command": command,
+    }, indent=1) + "\n")
+    return output
 
 
 def main(argv=None):

@@ -1,43 +1,118 @@
-"""Loader of tfsparse's optional compiled kernels (``make setup`` builds them).
+"""Loader of tfsparse's compiled CPU kernels, and the choice of their variant.
 
-Set ``TFSPARSE_USE_KERNELS=0`` to run on the pure-TensorFlow fallback.
+The library holds every kernel three times, compiled for three instruction
+sets: ``"avx512"`` (AVX-512 F/DQ/BW/VL), ``"avx2"`` (AVX2 + FMA) and
+``"portable"`` (the architecture's baseline; the only one off x86-64). The
+widest one the CPU supports runs, unless the environment says otherwise:
+
+- ``TFSPARSE_ISA=avx512|avx2|portable`` forces a variant (an error when the
+  CPU lacks it);
+- ``TFSPARSE_USE_KERNELS=0`` runs the pure-TensorFlow fallback instead;
+- ``TFSPARSE_REQUIRE_KERNELS=1`` makes a missing, stale or unloadable
+  library an error instead of a warning and the fallback (CI sets it).
+
+``use_isa`` switches the variant for the ops traced inside it, so variants
+can be compared in one process.
+
+Example:
+  >>> from tfsparse.ops import kernels
+  >>> kernels.isa() in (None, "avx512", "avx2", "portable")
+  True
 """
 
+import contextlib
+import ctypes
+import json
 import logging
 import os
 import pathlib
+import threading
 
 import tensorflow as tf
 
 LIBRARY_PATH = pathlib.Path(__file__).resolve().parent / "_tfsparse_kernels.so"
+BUILD_INFO_PATH = LIBRARY_PATH.with_suffix(".json")
+# Widest first; bit i of the library's mask is ISAS[::-1][i].
+ISAS = ("avx512", "avx2", "portable")
+_BITS = {"portable": 0, "avx2": 1, "avx512": 2}
+_REBUILD = "Rebuild them with `python -m tfsparse.ops.build` (or reinstall tfsparse)."
 _logger = logging.getLogger("tfsparse")
-_state = {"loaded": False, "library": None}
+_state = {"loaded": False, "library": None, "supported": (), "default": None}
+_local = threading.local()
+
+
+def _flag(name):
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes")
+
+
+def _unavailable(message):
+    """The library cannot serve: an error when required, else a warning."""
+    if _flag("TFSPARSE_REQUIRE_KERNELS"):
+        raise RuntimeError(f"{message} (TFSPARSE_REQUIRE_KERNELS is set)")
+    _logger.warning("%s; using the slower pure-TensorFlow fallback.", message)
+
+
+def _built_against():
+    """The TensorFlow version the library was built against, or None."""
+    try:
+        return json.loads(BUILD_INFO_PATH.read_text())["tensorflow_version"]
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def _supported_isas(path):
+    """The variants this CPU supports, widest first (asked of the library)."""
+    mask = ctypes.CDLL(str(path)).tfsparse_supported_isas()
+    return tuple(isa for isa in ISAS if mask >> _BITS[isa] & 1)
+
+
+def _default_isa(supported):
+    forced = os.environ.get("TFSPARSE_ISA", "").strip().lower()
+    if not forced:
+        return supported[0]
+    if forced not in ISAS:
+        raise ValueError(
+            f"Received an invalid value for environment variable \"TFSPARSE_ISA\", "
+            f"expected one of {', '.join(repr(i) for i in ISAS)}. Received: "
+            f"TFSPARSE_ISA={forced!r}")
+    if forced not in supported:
+        raise RuntimeError(
+            f"TFSPARSE_ISA={forced} asks for a kernel variant this CPU does not "
+            f"support; it supports {', '.join(supported)}.")
+    return forced
 
 
 def _load():
     if _state["loaded"]:
         return _state["library"]
     _state["loaded"] = True
-    if os.environ.get("TFSPARSE_USE_KERNELS", "1").strip() in ("0", "false"):
+    if os.environ.get("TFSPARSE_USE_KERNELS", "1").strip().lower() in ("0", "false", "no"):
+        if _flag("TFSPARSE_REQUIRE_KERNELS"):
+            raise RuntimeError(
+                "TFSPARSE_USE_KERNELS=0 and TFSPARSE_REQUIRE_KERNELS=1 contradict "
+                "each other: unset one of them.")
         return None
     if not LIBRARY_PATH.exists():
-        _logger.warning(
-            "tfsparse: compiled kernels not found at %s; using the slower "
-            "pure-TensorFlow fallback. Build them with "
-            "`python -m tfsparse.ops.build`.",
-            LIBRARY_PATH,
-        )
+        _unavailable(f"tfsparse: compiled kernels not found at {LIBRARY_PATH}. {_REBUILD}")
+        return None
+    built_against = _built_against()
+    if built_against != tf.__version__:
+        _unavailable(
+            f"tfsparse: the compiled kernels at {LIBRARY_PATH} were built against "
+            f"TensorFlow {built_against or 'an unknown version'}, but TensorFlow "
+            f"{tf.__version__} is installed, whose ABI may differ, so they are not "
+            f"loaded. {_REBUILD}")
         return None
     try:
-        _state["library"] = tf.load_op_library(str(LIBRARY_PATH))
-    except tf.errors.NotFoundError as error:
-        _logger.warning(
-            "tfsparse: could not load %s (%s); using the pure-TensorFlow "
-            "fallback. Rebuild with `python -m tfsparse.ops.build`.",
-            LIBRARY_PATH,
-            error,
-        )
-    return _state["library"]
+        library = tf.load_op_library(str(LIBRARY_PATH))
+        supported = _supported_isas(LIBRARY_PATH)
+    except (tf.errors.NotFoundError, OSError, AttributeError) as error:
+        _unavailable(f"tfsparse: could not load {LIBRARY_PATH} ({error}). {_REBUILD}")
+        return None
+    _state["default"] = _default_isa(supported)
+    _state["supported"] = supported
+    _state["library"] = library
+    return library
 
 
 def available():
@@ -45,19 +120,73 @@ def available():
     return _load() is not None
 
 
+def supported_isas():
+    """The kernel variants this CPU can run, widest first (``()`` without kernels).
+
+    Example:
+      >>> from tfsparse.ops import kernels
+      >>> set(kernels.supported_isas()) <= {"avx512", "avx2", "portable"}
+      True
+    """
+    _load()
+    return _state["supported"]
+
+
+def isa():
+    """The kernel variant that runs: ``"avx512"``, ``"avx2"`` or ``"portable"``.
+
+    ``None`` when the compiled kernels are not available (the pure-TensorFlow
+    fallback runs). Inside ``use_isa(name)``, that variant.
+    """
+    if _load() is None:
+        return None
+    return getattr(_local, "isa", None) or _state["default"]
+
+
+@contextlib.contextmanager
+def use_isa(name):
+    """Runs the kernels traced inside the block on variant ``name``.
+
+    Functions traced before keep the variant they were traced with (it is an
+    attribute of their ops), so trace a new ``tf.function`` per variant.
+
+    Args:
+      name: ``"avx512"``, ``"avx2"`` or ``"portable"``; the CPU must support it.
+
+    Example:
+      >>> from tfsparse.ops import kernels
+      >>> if kernels.available():
+      ...     with kernels.use_isa("portable"):
+      ...         assert kernels.isa() == "portable"
+    """
+    if _load() is None:
+        raise RuntimeError("tfsparse's compiled kernels are not available. " + _REBUILD)
+    if name not in ISAS:
+        raise ValueError(
+            f"Received an invalid value for \"name\", expected one of "
+            f"{', '.join(repr(i) for i in ISAS)}. Received: name={name!r}")
+    if name not in _state["supported"]:
+        raise RuntimeError(
+            f"This CPU does not support the {name!r} kernel variant; it supports "
+            f"{', '.join(_state['supported'])}.")
+    previous = getattr(_local, "isa", None)
+    _local.isa = name
+    try:
+        yield name
+    finally:
+        _local.isa = previous
+
+
 def _library():
     library = _load()
     if library is None:
-        raise RuntimeError(
-            "tfsparse's compiled kernels are not available; build them with "
-            "`python -m tfsparse.ops.build`."
-        )
+        raise RuntimeError("tfsparse's compiled kernels are not available. " + _REBUILD)
     return library
 
 
 def sddmm(x_t, dy_t, rows, cols):
     """The compiled SDDMM kernel; see ``tfsparse.ops.sddmm``."""
-    return _library().tfsparse_sddmm(x_t, dy_t, rows, cols)
+    return _library().tfsparse_sddmm(x_t, dy_t, rows, cols, isa=isa())
 
 
 def spmm(x, values, idx, seg, units, bias=None):
@@ -69,7 +198,7 @@ def spmm(x, values, idx, seg, units, bias=None):
     x = tf.convert_to_tensor(x)
     if bias is None:
         bias = tf.zeros([0], x.dtype)
-    return _library().tfsparse_spmm(x, values, idx, seg, bias, units=int(units))
+    return _library().tfsparse_spmm(x, values, idx, seg, bias, units=int(units), isa=isa())
 
 
 def sidco(flat, stages, ratio, first_ratio, distribution, exclude_zeros,
@@ -83,7 +212,7 @@ def sidco(flat, stages, ratio, first_ratio, distribution, exclude_zeros,
         flat, stages, ratio, first_ratio,
         distribution=distribution, exclude_zeros=exclude_zeros,
         exact_count_limit=exact_count_limit, sample_chunk=sample_chunk,
-        sample_chunks=sample_chunks,
+        sample_chunks=sample_chunks, isa=isa(),
     )
 
 
@@ -103,5 +232,5 @@ def sidco_adaptive(flat, stages, adaptation, ratio, first_ratio, distribution,
         exact_count_limit=exact_count_limit, sample_chunk=sample_chunk,
         sample_chunks=sample_chunks, max_stages=max_stages,
         adapt_every=adapt_every, band_low=band_low, band_high=band_high,
-        memory=memory,
+        memory=memory, isa=isa(),
     )

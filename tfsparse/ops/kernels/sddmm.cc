@@ -6,13 +6,16 @@
 // gradient transposed ([units, batch]), so every term is a dot product of two
 // contiguous rows. Work is split over the nonzeros on TensorFlow's intra-op
 // thread pool. The pure-TensorFlow fallback in tfsparse/ops/sddmm.py computes
-// the same sums (in another order).
+// the same sums (in another order). The dot product (sddmm_variant.inc) is
+// compiled once per instruction-set variant; the op's "isa" attribute picks
+// one (isa.h).
 #include <cstdint>
 
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/shape_inference.h"
 #include "tensorflow/core/util/work_sharder.h"
+#include "isa.h"
 
 using namespace tensorflow;  // NOLINT
 
@@ -23,6 +26,7 @@ REGISTER_OP("TfsparseSddmm")
     .Input("cols: int32")
     .Output("out: T")
     .Attr("T: {float, double}")
+    .Attr("isa: string = ''")
     .SetShapeFn([](shape_inference::InferenceContext* c) {
       shape_inference::ShapeHandle rows;
       TF_RETURN_IF_ERROR(c->WithRank(c->input(2), 1, &rows));
@@ -30,20 +34,26 @@ REGISTER_OP("TfsparseSddmm")
       return absl::OkStatus();
     });
 
+#define TFSPARSE_VARIANT_SOURCE "sddmm_variant.inc"
+#include "variants.inc"
+
 namespace {
 
+using tfsparse::Isa;
+
 template <typename T>
-inline T Dot(const T* a, const T* b, int64_t n) {
-  T acc = 0;
-#pragma omp simd reduction(+ : acc)
-  for (int64_t i = 0; i < n; ++i) acc += a[i] * b[i];
-  return acc;
+void RunSddmm(Isa isa, const T* x, const T* dy, const int32_t* rows,
+              const int32_t* cols, int64_t begin, int64_t end, int64_t batch,
+              T* out) {
+  TFSPARSE_DISPATCH(isa, Sddmm<T>, x, dy, rows, cols, begin, end, batch, out);
 }
 
 template <typename T>
 class SddmmOp : public OpKernel {
  public:
-  explicit SddmmOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+  explicit SddmmOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, tfsparse::IsaFromAttr(ctx, &isa_));
+  }
 
   void Compute(OpKernelContext* ctx) override {
     const Tensor& x_t = ctx->input(0);
@@ -80,14 +90,15 @@ class SddmmOp : public OpKernel {
     const T* dy = dy_t.flat<T>().data();
     T* o = out->flat<T>().data();
     auto work = [&](int64_t begin, int64_t end) {
-      for (int64_t k = begin; k < end; ++k) {
-        o[k] = Dot(x + r[k] * batch, dy + c[k] * batch, batch);
-      }
+      RunSddmm<T>(isa_, x, dy, r, c, begin, end, batch, o);
     };
     const auto& workers = *ctx->device()->tensorflow_cpu_worker_threads();
     Shard(workers.num_threads, workers.workers, nnz, /*cost_per_unit=*/
           2 * batch + 8, work);
   }
+
+ private:
+  Isa isa_;
 };
 
 }  // namespace

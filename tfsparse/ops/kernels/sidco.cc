@@ -26,8 +26,10 @@
 // exactly here (as exact arithmetic), where TensorFlow's rounded mean can
 // leave s ~ 1e-8 and move the threshold by up to ~1e-2 relative.
 // Whole-tensor passes are split over at most num_threads parts of TensorFlow's
-// intra-op pool. sidco_estimators.h holds the closed forms, sidco_passes.h
-// the vectorized passes.
+// intra-op pool. sidco_estimators.h holds the closed forms,
+// sidco_passes_variant.inc the vectorized passes, compiled once per
+// instruction-set variant (variants.inc); the op's "isa" attribute picks one
+// (isa.h).
 //
 // TfsparseSidcoAdaptive is the same selection for an adaptive SIDCo: it
 // reads the stage count from SIDCo's variables and, after selecting, updates
@@ -42,7 +44,12 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <type_traits>
 #include <vector>
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+#endif
 
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -50,6 +57,7 @@
 #include "tensorflow/core/framework/resource_var.h"
 #include "tensorflow/core/framework/shape_inference.h"
 #include "tensorflow/core/util/work_sharder.h"
+#include "isa.h"
 #include "sidco_adaptation.h"
 #include "sidco_estimators.h"
 #include "sidco_passes.h"
@@ -81,6 +89,7 @@ REGISTER_OP("TfsparseSidco")
     .Attr("exact_count_limit: int")
     .Attr("sample_chunk: int")
     .Attr("sample_chunks: int")
+    .Attr("isa: string = ''")
     .SetShapeFn(SidcoShape);
 
 REGISTER_OP("TfsparseSidcoAdaptive")
@@ -103,12 +112,22 @@ REGISTER_OP("TfsparseSidcoAdaptive")
     .Attr("band_low: float")
     .Attr("band_high: float")
     .Attr("memory: int")
+    .Attr("isa: string = ''")
     .SetIsStateful()
     .SetShapeFn(SidcoShape);
+
+#define TFSPARSE_VARIANT_SOURCE "sidco_passes_variant.inc"
+#include "variants.inc"
 
 namespace {
 
 using namespace tfsparse_sidco;  // NOLINT
+using tfsparse::Isa;
+
+template <typename T>
+Passes<T> PassesFor(Isa isa) {
+  TFSPARSE_DISPATCH(isa, SidcoPasses<T>);
+}
 
 enum class Distribution { kExponential, kGpareto, kGamma };
 
@@ -172,6 +191,9 @@ class SidcoOp : public OpKernel {
     OP_REQUIRES(ctx, sample_chunk_ >= 1 && sample_chunks_ >= 1,
                 errors::InvalidArgument("sample_chunk and sample_chunks must "
                                         "be positive"));
+    Isa isa = Isa::kPortable;
+    OP_REQUIRES_OK(ctx, tfsparse::IsaFromAttr(ctx, &isa));
+    passes_ = PassesFor<T>(isa);
   }
 
   void Compute(OpKernelContext* ctx) override {
@@ -221,7 +243,7 @@ class SidcoOp : public OpKernel {
     const bool logs_now = gamma && exclude_zeros_;
     std::vector<Sums> part_sums(parts);
     in_parallel([&](int64_t p) {
-      part_sums[p] = RangeSums<T>(x, part_begin(p), part_end(p), gpareto,
+      part_sums[p] = passes_.range_sums(x, part_begin(p), part_end(p), gpareto,
                                   exact_count, logs_now, T(0));
     });
     Sums sums;
@@ -245,7 +267,7 @@ class SidcoOp : public OpKernel {
     const int64_t n_later = fit_ratio < first_ratio ? stages - 1 : 0;
 
     const double fit_count = std::max(count, 1.0);
-    const double mean = sums.sum / fit_count;
+    double mean = sums.sum / fit_count;
     double eta = 0;
     if (distribution_ == Distribution::kExponential) {
       eta = ExponentialThreshold(mean, first);
@@ -272,7 +294,7 @@ class SidcoOp : public OpKernel {
                          static_cast<T>(safe_mean);
         std::vector<Sums> log_sums(parts);
         in_parallel([&](int64_t p) {
-          log_sums[p] = RangeSums<T>(x, part_begin(p), part_end(p), false,
+          log_sums[p] = passes_.range_sums(x, part_begin(p), part_end(p), false,
                                      false, true, offset);
         });
         logs = Sums();
@@ -281,8 +303,20 @@ class SidcoOp : public OpKernel {
       }
       // Constant magnitudes: s = 0 exactly, whatever the rounding of the
       // sums and of the mean (near s = 0 the quantile moves like sqrt(s):
-      // s = 1e-11 would show at 2.5e-5), as in exact arithmetic.
-      if (logs.low == logs.high) log_gap = 0;
+      // s = 1e-11 would show at 2.5e-5), as in exact arithmetic; and the
+      // mean is that magnitude exactly (float block sums of one repeated
+      // value drift by up to ~1e-5 relative, by how many terms a vector
+      // lane adds, so the variants would disagree). With exclude_zeros the
+      // log arguments are the nonzero magnitudes themselves; a sampled
+      // nonzero count keeps the estimator's own mean.
+      if (logs.low == logs.high) {
+        log_gap = 0;
+        if (exclude_zeros_ && exact_count) {
+          mean = logs.low;
+        } else if (!exclude_zeros_ && AllMagnitudesEqual(x, n)) {
+          mean = std::fabs(static_cast<double>(x[0]));
+        }
+      }
       eta = GammaThreshold(mean, std::max(log_gap, 0.0), first);
     }
     if (!(mean > 0)) eta = 0;
@@ -296,14 +330,16 @@ class SidcoOp : public OpKernel {
     // its `count` elements): it picks the compaction, nothing else.
     const double expected = first * count / std::max<double>(n, 1);
     in_parallel([&](int64_t p) {
-      SelectRange<T>(x, part_begin(p), part_end(p), cut, &segments[p],
-                     expected);
+      passes_.select_range(x, part_begin(p), part_end(p), cut, &segments[p],
+                           expected);
     });
     const bool exponential_later =
         distribution_ == Distribution::kExponential;
     for (int64_t stage = 0; stage < n_later; ++stage) {
       Excess excess;
-      for (int64_t p = 0; p < parts; ++p) AddExcess(segments[p], cut, &excess);
+      for (int64_t p = 0; p < parts; ++p) {
+        passes_.add_excess(segments[p], cut, &excess);
+      }
       if (excess.count == 0) break;  // eta stays, and so would every later stage
       // Moments of x - low, from the excess over the threshold actually
       // compared with (cut; thresholds.py subtracts eta, which differs from
@@ -321,10 +357,13 @@ class SidcoOp : public OpKernel {
       eta = shifted + excess.low;
       const T next = static_cast<T>(eta);
       if (next >= cut) {
-        for (int64_t p = 0; p < parts; ++p) FilterSegment(next, &segments[p]);
+        for (int64_t p = 0; p < parts; ++p) {
+          passes_.filter_segment(next, &segments[p]);
+        }
       } else {  // not expected (eta >= low > cut); NaN selects nothing
         in_parallel([&](int64_t p) {
-          SelectRange<T>(x, part_begin(p), part_end(p), next, &segments[p]);
+          passes_.select_range(x, part_begin(p), part_end(p), next,
+                               &segments[p], 1.0);
         });
       }
       cut = next;
@@ -386,6 +425,14 @@ class SidcoOp : public OpKernel {
   }
 
  private:
+  // Whether every |x[i]| equals |x[0]| (stops at the first that does not).
+  static bool AllMagnitudesEqual(const T* x, int64_t n) {
+    for (int64_t i = 1; i < n; ++i) {
+      if (std::fabs(x[i]) != std::fabs(x[0])) return false;
+    }
+    return n > 0;
+  }
+
   // thresholds.nonzero_count above exact_count_limit: the nonzero fraction
   // of evenly spaced chunks (odd stride), times the size.
   double SampledNonzero(const T* x, int64_t n) const {
@@ -403,6 +450,7 @@ class SidcoOp : public OpKernel {
            static_cast<double>(n);
   }
 
+  Passes<T> passes_;
   Distribution distribution_;
   bool exclude_zeros_;
   int64_t exact_count_limit_;

@@ -1,0 +1,28 @@
+"""The paths a kernel test runs on: every compiled variant, and TensorFlow's ops.
+
+``PATHS`` parametrises a ``use_kernel`` argument: ``True`` once per variant
+of the compiled kernels (``avx512``, ``avx2``, ``portable``; the variants the
+CPU lacks are skipped, saying so) and ``False`` for the pure-TensorFlow path.
+``VARIANTS`` parametrises a ``variant`` argument of tests that compare the
+compiled kernels with the fallback themselves. tests/conftest.py runs each
+case inside ``kernels.use_isa`` of its variant (the ``isa`` mark).
+"""
+
+import pytest
+
+from tfsparse.ops import kernels
+
+
+def _variant_marks(isa):
+    if not kernels.available():
+        reason = "compiled kernels not built (python -m tfsparse.ops.build)"
+    else:
+        reason = (f"this CPU lacks the {isa} variant (it supports "
+                  f"{', '.join(kernels.supported_isas())})")
+    return [pytest.mark.isa(isa), pytest.mark.skipif(isa not in kernels.supported_isas(), reason=reason)]
+
+
+PATHS = [pytest.param(True, id=isa, marks=_variant_marks(isa)) for isa in kernels.ISAS] + [
+    pytest.param(False, id="tensorflow")
+]
+VARIANTS = [pytest.param(isa, id=isa, marks=_variant_marks(isa)) for isa in kernels.ISAS]
