@@ -7,7 +7,7 @@ import numpy as np
 from tfsparse._keras import keras
 from tfsparse.data import load_mnist_sample
 from tfsparse.layers import SparseDense
-from tfsparse.ops import kernels_available
+from tfsparse.ops import kernels
 
 
 def platform_line():
@@ -16,7 +16,7 @@ def platform_line():
     for line in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines():
         if line.startswith("Model name:"):
             cpu = line.split(":", 1)[1].strip()
-    variant = ("tfsparse compiled kernels" if kernels_available()
+    variant = (f"tfsparse compiled kernels, variant {kernels.isa()}" if kernels.available()
                else "TensorFlow CSR ops (kernels not built)")
     return f"CPU: {cpu}; SparseDense kernels: {variant}"
 
