@@ -66,3 +66,20 @@ def test_random_free_keys_refuses_more_than_free():
 def test_new_order_maps_kept_keys_and_marks_new_ones():
     assert selection.new_order(np.array([2, 4, 9]), np.array([0, 4, 9, 12])).tolist() == [
         -1, 1, 2, -1]
+
+
+@pytest.mark.parametrize("zeros", [0.0, 0.6, 1.0], ids=["distinct", "many-ties", "all-tied"])
+@pytest.mark.parametrize("k", [1, 3000, 40000])
+def test_top_k_of_large_arrays_is_exact_with_ties(zeros, k):
+    # Over 65,536 scores top_k filters with a sampled bound first: the result
+    # must still be exactly the full sort's, ties at zero included.
+    rng = np.random.default_rng(k)
+    scores = np.abs(rng.standard_normal(300_000)).astype(np.float32)
+    scores[rng.random(scores.size) < zeros] = 0
+    scores[:50] = -np.inf
+    expected = _reference_top(scores, np.arange(scores.size), k)
+    assert set(selection.top_k(scores, k).tolist()) == expected
+    best = selection.RunningTopK(k)
+    for start in range(0, scores.size, 70_000):
+        best.add(scores[start:start + 70_000], offset=start)
+    assert best.keys().tolist() == sorted(expected)

@@ -37,8 +37,10 @@ def kept_after_drop(values, n_drop):
 def top_k(scores, k, keys=None):
     """Indices of the ``k`` largest scores; equal scores take smaller keys first.
 
-    ``keys`` default to the indices. Linear time: a partition, then only the
-    threshold's ties are sorted by key.
+    ``keys`` default to the indices. Linear time: a strided sample bounds the
+    k-th largest score from below, a comparison keeps the few scores above
+    that bound (all of the top k and their ties, so the result is exact), and
+    only those are partitioned; the threshold's ties are sorted by key.
 
     Example:
       >>> top_k(np.array([1.0, 3.0, 1.0, 1.0]), 2, keys=np.array([9, 5, 2, 7])).tolist()
@@ -49,12 +51,27 @@ def top_k(scores, k, keys=None):
         return np.arange(scores.size)
     if k <= 0:
         return np.zeros(0, np.int64)
-    threshold = np.partition(scores, scores.size - k)[scores.size - k]
-    above = np.flatnonzero(scores > threshold)
-    ties = np.flatnonzero(scores == threshold)
+    if scores.size > max(8 * k, 1 << 16):
+        candidates = np.flatnonzero(scores >= _lower_bound_of_kth(scores, k))
+        if k <= candidates.size < scores.size:  # else the sample misled: select from all
+            chosen = top_k(scores[candidates], k,
+                           None if keys is None else keys[candidates])
+            return candidates[chosen]
+    # float64: NumPy's float32 partition is very slow on many equal values.
+    wide = scores.astype(np.float64)
+    threshold = np.partition(wide, wide.size - k)[wide.size - k]
+    above = np.flatnonzero(wide > threshold)
+    ties = np.flatnonzero(wide == threshold)
     if keys is not None:
         ties = ties[np.argsort(keys[ties], kind="stable")]
     return np.concatenate([above, ties[: k - above.size]])
+
+
+def _lower_bound_of_kth(scores, k):
+    """A value about ``2 k`` of ``scores`` reach, from a strided sample of ~65k."""
+    sample = scores[:: max(1, scores.size // 65536)].astype(np.float64)
+    rank = min(sample.size - 1, int(np.ceil(2 * k / scores.size * sample.size)))
+    return np.partition(sample, sample.size - 1 - rank)[sample.size - 1 - rank]
 
 
 class RunningTopK:
@@ -77,10 +94,18 @@ class RunningTopK:
         self._keys = np.zeros(0, np.int64)
 
     def add(self, scores, offset):
-        """Offers ``scores`` of the consecutive keys ``offset, offset + 1, ...``."""
+        """Offers ``scores`` of the keys ``offset, offset + 1, ...``, blocks in key order."""
         scores = np.asarray(scores).ravel()
+        candidates = None
+        if self._scores.size >= self.k:  # only scores above the k-th best can enter
+            candidates = np.flatnonzero(scores > self._scores.min())  # ties: older keys win
+            scores = scores[candidates]
         chosen = top_k(scores, self.k)  # keys increase with the index here
-        scores = np.concatenate([self._scores, scores[chosen].astype(np.float64)])
+        if candidates is not None:
+            scores, chosen = scores[chosen], candidates[chosen]
+        else:
+            scores = scores[chosen]
+        scores = np.concatenate([self._scores, scores.astype(np.float64)])
         keys = np.concatenate([self._keys, offset + chosen.astype(np.int64)])
         chosen = top_k(scores, self.k, keys=keys)
         self._scores, self._keys = scores[chosen], keys[chosen]
