@@ -6,6 +6,7 @@ import numpy as np
 
 from tfsparse._keras import keras
 from tfsparse.data import load_mnist_sample
+from tfsparse.dynamic import erk_densities
 from tfsparse.layers import SparseDense
 from tfsparse.ops import kernels
 
@@ -29,14 +30,19 @@ def mnist():
     return (flat(x_train), y_train.astype(np.int64)), (flat(x_test), y_test.astype(np.int64))
 
 
-def sparse_mlp(widths, density, seed):
-    """784 -> widths... -> 10 of SparseDense layers, all at ``density``, random patterns."""
+def sparse_mlp(widths, density, seed, distribution="uniform"):
+    """784 -> widths... -> 10 of SparseDense layers with random patterns.
+
+    ``density`` is global; ``distribution`` ("uniform", "er", "erk") shares it
+    among the layers (``tfsparse.dynamic.erk_densities``).
+    """
+    shapes = list(zip((784, *widths), (*widths, 10)))
+    densities = erk_densities(shapes, density, distribution)
     keras.utils.set_random_seed(seed)
     layers = [keras.Input((784,))]
-    for index, width in enumerate(widths):
-        layers.append(SparseDense(width, density=density, seed=seed * 100 + index,
-                                  activation="relu"))
-    layers.append(SparseDense(10, density=density, seed=seed * 100 + len(widths)))
+    for index, ((_, units), layer_density) in enumerate(zip(shapes, densities)):
+        layers.append(SparseDense(units, density=layer_density, seed=seed * 100 + index,
+                                  activation="relu" if index < len(widths) else None))
     return keras.Sequential(layers)
 
 

@@ -1,14 +1,17 @@
 """Accuracy of dynamic sparse training on MNIST: dense, static, SET, RigL, tfmot pruning.
 
     python benchmarks/dynamic_sparsity_accuracy.py [--epochs 20] [--seeds 0 1 2]
-        [--sparsities 0.9 0.98] [--widths 1024 1024] [--plot accuracy.png]
+        [--sparsities 0.9 0.98] [--widths 1024 1024] [--distribution uniform|erk]
+        [--plot accuracy.png]
 
 An MLP 784-1024-1024-10 on the shipped MNIST sample (4,000 training and
 1,000 test images), the same epochs, batch size, optimizer (Adam 1e-3) and
 seeds for every method, in one process:
 
 * dense: ``keras.layers.Dense`` layers;
-* static: SparseDense layers with a random pattern (uniform density) kept fixed;
+* static: SparseDense layers with a random pattern kept fixed, every layer at
+  the same density (``--distribution uniform``) or at RigL's
+  Erdos-Renyi-Kernel densities (``erk``) of the same global sparsity;
 * SET and RigL: the same start, moved by ``callbacks.DynamicSparsity``
   (drop fraction 0.3, cosine decay, updates every ``--update-every`` steps
   until 75% of training);
@@ -49,7 +52,7 @@ def train(method, sparsity, seed, data, args):
     elif method == "tfmot":
         return train_tfmot(sparsity, seed, data, args, steps)
     else:
-        model = sparse_mlp(args.widths, 1 - sparsity, seed)
+        model = sparse_mlp(args.widths, 1 - sparsity, seed, args.distribution)
         if method in ("set", "rigl"):
             callbacks.append(DynamicSparsity(
                 method, update_every=args.update_every, drop_fraction=0.3,
@@ -100,7 +103,7 @@ def report(results, args):
     print(f"\n{platform_line()}")
     print(f"MLP 784-{'-'.join(map(str, args.widths))}-10, {args.epochs} epochs, batch "
           f"{args.batch_size}, Adam 1e-3, seeds {args.seeds}, updates every "
-          f"{args.update_every} steps\n")
+          f"{args.update_every} steps, SparseDense densities {args.distribution}\n")
     print("| method | sparsity | test accuracy (mean ± std over seeds) |")
     print("|---|---|---|")
     for (method, sparsity), accuracies in results.items():
@@ -149,6 +152,8 @@ def main():
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--sparsities", type=float, nargs="+", default=[0.9, 0.98])
     parser.add_argument("--widths", type=int, nargs="+", default=[1024, 1024])
+    parser.add_argument("--distribution", choices=["uniform", "er", "erk"], default="uniform",
+                        help="how SparseDense layers share the density (tfmot: uniform)")
     parser.add_argument("--plot", default="dynamic_sparsity_accuracy.png")
     args = parser.parse_args()
     results = run_all(args)

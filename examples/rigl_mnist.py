@@ -49,22 +49,31 @@ def build(sparsity, distribution, seed):
     return model
 
 
-def main():
+def parse_arguments():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--method", choices=["rigl", "set"], default="rigl")
-    parser.add_argument("--sparsity", type=float, default=0.9)
-    parser.add_argument("--distribution", choices=["erk", "er", "uniform"], default="erk")
-    parser.add_argument("--epochs", type=int, default=10)
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default="out/rigl_mnist")
-    args = parser.parse_args()
+    for flag, kind, default, choices in (
+            ("--method", str, "rigl", ["rigl", "set"]),
+            ("--sparsity", float, 0.9, None),
+            ("--distribution", str, "erk", ["erk", "er", "uniform"]),
+            ("--epochs", int, 10, None),
+            ("--batch-size", int, 64, None),
+            ("--seed", int, 0, None),
+            ("--out", str, "out/rigl_mnist", None)):
+        parser.add_argument(flag, type=kind, default=default, choices=choices)
+    return parser.parse_args()
+
+
+def flat_digits():
+    """The shipped MNIST sample as [n, 784] float32 in [0, 1]."""
+    return [(x.reshape(len(x), 784).astype("float32") / 255, y)
+            for x, y in load_mnist_sample()]
+
+
+def main():
+    args = parse_arguments()
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-
-    (x_train, y_train), (x_test, y_test) = load_mnist_sample()
-    x_train = x_train.reshape(-1, 784).astype("float32") / 255
-    x_test = x_test.reshape(-1, 784).astype("float32") / 255
+    (x_train, y_train), (x_test, y_test) = flat_digits()
 
     model = build(args.sparsity, args.distribution, args.seed)
     initial = [layer.pattern for layer in model.layers]

@@ -16,6 +16,7 @@ import horovod.tensorflow.keras as hvd  # noqa: E402
 import numpy as np  # noqa: E402
 
 from callbacks import DynamicSparsity  # noqa: E402
+from horovod_compression import rank_data  # noqa: E402  (this folder: the same shards)
 from tfsparse import keras  # noqa: E402
 from tfsparse.compression import NoCompression  # noqa: E402
 from tfsparse.compression import SIDCo  # noqa: E402
@@ -32,13 +33,6 @@ RUNS = {  # name: (method, compressor)
 }
 
 
-def rank_data(rank, n=256):
-    rng = np.random.default_rng(100 + rank)
-    x = rng.normal(size=(n, 20)).astype(np.float32)
-    y = (x[:, 0] - x[:, 1] + 0.3 * x[:, 2] > 0).astype(np.int32)
-    return x, y
-
-
 def run(method, compressor):
     keras.utils.set_random_seed(rank_seed := 7)
     model = keras.Sequential([
@@ -49,7 +43,7 @@ def run(method, compressor):
     # The compressor is passed positionally: its keyword is being renamed.
     optimizer = DistributedOptimizer(keras.optimizers.Adam(0.01), compressor)
     model.compile(optimizer, keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    x, y = rank_data(hvd.rank())
+    x, y = rank_data(hvd.rank(), n=256)
     initial = [layer.pattern for layer in model.layers]
     callback = DynamicSparsity(method, update_every=4, drop_fraction=0.5, end_step=0.9,
                                data=(x, y), batch_size=64, seed=3)
