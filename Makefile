@@ -10,13 +10,16 @@ KERNEL := tfsparse/ops/kernels/_tfsparse_kernels.so
 
 setup: $(STAMP) $(KERNEL)
 
-$(STAMP): setup.cfg pyproject.toml tools/build_horovod.sh
+# The build requirements first, so the editable install compiles the kernels
+# against the pinned TensorFlow already in the venv (no isolated build env).
+$(STAMP): setup.cfg setup.py pyproject.toml constraints.txt tools/build_horovod.sh
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q -e ".[test]"
+	$(PY) -m pip install -q -c constraints.txt setuptools wheel tensorflow-cpu
+	$(PY) -m pip install -q --no-build-isolation -c constraints.txt -e ".[test]"
 	PY=$(PY) bash tools/build_horovod.sh
 	touch $@
 
-$(KERNEL): $(wildcard tfsparse/ops/kernels/*.cc tfsparse/ops/kernels/*.h) tfsparse/ops/build.py $(STAMP)
+$(KERNEL): $(wildcard tfsparse/ops/kernels/*.cc tfsparse/ops/kernels/*.h tfsparse/ops/kernels/*.inc) tfsparse/ops/build.py $(STAMP)
 	$(PY) -m tfsparse.ops.build
 
 test: setup
@@ -48,4 +51,4 @@ bench: setup
 	$(PY) benchmarks/pipeline_throughput.py
 
 clean:
-	rm -f $(KERNEL)
+	rm -f $(KERNEL) $(KERNEL:.so=.json)

@@ -110,9 +110,9 @@ def throughput(args):
                                              leave=False):
             strategy = PipelineStrategy(devices=devices, num_microbatches=MICROBATCHES,
                                         schedule=schedule, costs=costs)
-            with strategy.scope():
-                model = build()
-                model.compile(keras.optimizers.SGD(0.01), loss, steps_per_execution=WINDOW)
+            model = build()
+            model.compile(keras.optimizers.SGD(0.01), loss, steps_per_execution=WINDOW)
+            strategy.attach(model)
             model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)  # trace
             simulated = strategy.simulate(model, BATCH, steps=WINDOW)
             predicted[label] = WINDOW * BATCH / simulated.cycles
@@ -175,8 +175,7 @@ def convergence(args):
     accuracy = {"no pipeline": run(built_and_compiled())}
     for schedule in tqdm(SCHEDULES, desc="convergence"):
         strategy = PipelineStrategy(devices=DEVICES, num_microbatches=4, schedule=schedule)
-        with strategy.scope():
-            model = built_and_compiled()
+        model = strategy.attach(built_and_compiled())
         accuracy[schedule] = run(model)
     print(f"\nMNIST sample, {args.epochs} epochs, batch 80 = 4 micro-batches, "
           "windows of 10 steps, test accuracy\n")

@@ -3,6 +3,8 @@
 import os
 
 from tfsparse._keras import keras
+from tfsparse._validation import check_choice
+from tfsparse._validation import invalid_value
 
 # Keys added to the logs, and the statistic each one reports.
 LOG_KEYS = {
@@ -42,16 +44,9 @@ class CompressionMonitor(keras.callbacks.Callback):
 
     def __init__(self, update_freq="epoch", plot_path=None):
         super().__init__()
-        if update_freq not in _FREQUENCIES:
-            raise ValueError(
-                'Received an invalid value for "update_freq", expected one of '
-                f"'epoch', 'batch'. Received: update_freq={update_freq!r}"
-            )
+        check_choice("update_freq", update_freq, _FREQUENCIES)
         if plot_path is not None and not str(plot_path).lower().endswith(".png"):
-            raise ValueError(
-                'Received an invalid value for "plot_path", expected a path ending in '
-                f'".png" or None. Received: plot_path={plot_path!r}'
-            )
+            raise invalid_value("plot_path", "a path ending in '.png' or None", plot_path)
         self.update_freq = update_freq
         self.plot_path = None if plot_path is None else os.fspath(plot_path)
         self.steps = []

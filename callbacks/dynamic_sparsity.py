@@ -7,19 +7,13 @@ import numpy as np
 
 from tfsparse._keras import keras
 from tfsparse import dynamic
+from tfsparse._validation import invalid_value as _invalid
 from tfsparse.dynamic import selection
 from tfsparse.dynamic.update import active_horovod
 from tfsparse.dynamic.update import horovod_agreement
 from tfsparse.layers import SparseDense
 
 METHODS = ("rigl", "set")
-
-
-def _invalid(name, expected, received):
-    return ValueError(
-        f'Received an invalid value for "{name}", expected {expected}. '
-        f"Received: {name}={received!r}"
-    )
 
 
 class DynamicSparsity(keras.callbacks.Callback):
@@ -99,7 +93,7 @@ class DynamicSparsity(keras.callbacks.Callback):
                                    end_step))
         if method == "rigl" and (not isinstance(data, (tuple, list)) or len(data) != 2):
             errors.append(_invalid("data", "(x, y) training arrays for RigL's gradient",
-                                   type(data).__name__))
+                                   received=f"data of type {type(data).__name__}"))
         if not _is_int(batch_size) or batch_size < 1:
             errors.append(_invalid("batch_size", "an integer >= 1", batch_size))
         if not _is_int(seed):

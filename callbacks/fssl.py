@@ -6,16 +6,10 @@ import warnings
 from tfsparse._keras import keras
 import tensorflow as tf  # noqa: E402  (after tfsparse._keras selects Keras 2)
 
+from tfsparse import _validation  # noqa: E402
 from tfsparse.fssl import _layers  # noqa: E402
 from tfsparse.regularizers import group_lasso_terms  # noqa: E402
 from tfsparse.regularizers import group_sparsity  # noqa: E402
-
-
-def _invalid(name, expected, received):
-    return ValueError(
-        f'Received an invalid value for "{name}", expected {expected}. '
-        f"Received: {name}={received!r}"
-    )
 
 
 class FSSL(keras.callbacks.Callback):
@@ -79,25 +73,16 @@ class FSSL(keras.callbacks.Callback):
 
     def __init__(self, threshold=1e-3, prune_epoch=None, patience=2, min_delta=0.0, verbose=0):
         super().__init__()
-        if (isinstance(threshold, bool) or not isinstance(threshold, numbers.Real)
-                or not threshold >= 0):
-            raise _invalid("threshold", "a float >= 0", threshold)
+        self.threshold = _validation.check_non_negative_float("threshold", threshold)
         if prune_epoch is not None and (
                 isinstance(prune_epoch, bool) or not isinstance(prune_epoch, numbers.Integral)
                 or prune_epoch < 1):
-            raise _invalid("prune_epoch", "None or an integer >= 1", prune_epoch)
-        if isinstance(patience, bool) or not isinstance(patience, numbers.Integral) or patience < 1:
-            raise _invalid("patience", "an integer >= 1", patience)
-        if (isinstance(min_delta, bool) or not isinstance(min_delta, numbers.Real)
-                or not min_delta >= 0):
-            raise _invalid("min_delta", "a float >= 0", min_delta)
-        if verbose not in (0, 1):
-            raise _invalid("verbose", "0 or 1", verbose)
-        self.threshold = float(threshold)
+            raise _validation.invalid_value("prune_epoch", "None or a positive integer",
+                                            prune_epoch)
+        self.patience = _validation.check_positive_int("patience", patience)
+        self.min_delta = _validation.check_non_negative_float("min_delta", min_delta)
+        self.verbose = _validation.check_choice("verbose", verbose, (0, 1))
         self.prune_epoch = prune_epoch
-        self.patience = int(patience)
-        self.min_delta = float(min_delta)
-        self.verbose = verbose
         self._reset()
 
     def _reset(self):
@@ -125,8 +110,8 @@ class FSSL(keras.callbacks.Callback):
             )
         epochs = (self.params or {}).get("epochs")
         if self.prune_epoch is not None and epochs is not None and self.prune_epoch > epochs:
-            raise _invalid("prune_epoch", f"an epoch within fit(epochs={epochs})",
-                           self.prune_epoch)
+            raise _validation.invalid_value(
+                "prune_epoch", f"an epoch within fit(epochs={epochs})", self.prune_epoch)
         variables = [_layers.kernel_variable(layer) for layer in self.layers]
         state = getattr(self.model, "fssl_state", None)
         if state is None or not state.matches(variables):

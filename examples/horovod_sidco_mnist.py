@@ -130,7 +130,7 @@ def main(argv=None):
     model = make_model(args.seed + hvd.rank())  # different starts: the broadcast aligns them
     compressor = make_compressor(args)
     optimizer = DistributedOptimizer(
-        keras.optimizers.Adam(args.learning_rate), compressor, fused=args.fused
+        keras.optimizers.Adam(args.learning_rate), compression=compressor, fused=args.fused
     )
     model.compile(optimizer, keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                   metrics=["accuracy"])

@@ -5,9 +5,10 @@
 Trains a 784-1024-1024-10 MLP twice with ``model.fit`` on the MNIST sample
 shipped with tfsparse: once with ``SparseDense`` hidden layers (5% of the
 weights) and once with ``Dense`` layers. Reports accuracy, training time per
-epoch and inference time of both, exports the sparse model as a SavedModel,
-then serves it from a fresh Python process in which tfsparse is not
-importable (``examples/serve_saved_model.py``).
+epoch and inference time of both, exports the sparse model as a SavedModel
+and as a TFLite file (``tfsparse.export.to_tflite``), then serves both from
+fresh Python processes in which tfsparse is not importable
+(``examples/serve_saved_model.py``).
 """
 
 import argparse
@@ -25,6 +26,7 @@ import tensorflow as tf  # noqa: E402
 from tfsparse import SparseDense  # noqa: E402
 from tfsparse import keras  # noqa: E402
 from tfsparse.data import load_mnist_sample  # noqa: E402
+from tfsparse.export import to_tflite  # noqa: E402
 
 
 def build_mlp(hidden_layer, seed):
@@ -127,12 +129,16 @@ def main():
     tf.saved_model.save(sparse_model, str(saved))
     np.save(out / "inputs.npy", x_test[:10])
     np.save(out / "labels.npy", y_test[:10])
-    print(f"\nexported the sparse model to {saved}; serving it in a fresh process:")
-    subprocess.run(
-        [sys.executable, str(pathlib.Path(__file__).parent / "serve_saved_model.py"),
-         str(saved), "--inputs", str(out / "inputs.npy"), "--labels", str(out / "labels.npy")],
-        check=True,
-    )
+    tflite = out / "model.tflite"
+    tflite.write_bytes(to_tflite(sparse_model))  # TFLite builtin ops only
+    for exported in (saved, tflite):
+        print(f"\nexported the sparse model to {exported}; serving it in a fresh process:")
+        subprocess.run(
+            [sys.executable, str(pathlib.Path(__file__).parent / "serve_saved_model.py"),
+             str(exported), "--inputs", str(out / "inputs.npy"),
+             "--labels", str(out / "labels.npy")],
+            check=True,
+        )
 
 
 if __name__ == "__main__":

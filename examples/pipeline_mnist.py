@@ -6,9 +6,11 @@
 Makes two logical CPU devices (on a GPU machine pass ``--gpus`` to use the
 GPUs), measures every layer's costs with ``tfsparse.distribute.profile``,
 predicts every schedule with the simulator (cycles, bubble, Gantt chart of
-the chosen one), then trains the 784-512-256-10 MLP (SparseDense hidden
-layers) with ``model.fit`` on the chosen schedule, evaluates it, saves it
-and checks the reloaded model predicts the same.
+the chosen one), then compiles the 784-512-256-10 MLP (SparseDense hidden
+layers), attaches it to the strategy (``strategy.attach(model)``: this
+model's ``fit``, ``evaluate`` and ``predict`` run the pipeline), trains it
+with ``model.fit`` on the chosen schedule, evaluates it, saves it and checks
+the reloaded model predicts the same.
 
 One stage per process, over Horovod, each stage's SparseDense layers
 partitioned over two local devices (``--local-devices 1``: one device each):
@@ -106,11 +108,11 @@ def main():
 
     strategy = PipelineStrategy(num_microbatches=args.microbatches, schedule=args.schedule,
                                 costs=costs, **placement)
-    with strategy.scope():
-        model = build()
-        model.compile(keras.optimizers.Adam(1e-3),
-                      keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                      metrics=["accuracy"], steps_per_execution=steps)
+    model = build()
+    model.compile(keras.optimizers.Adam(1e-3),
+                  keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"], steps_per_execution=steps)
+    strategy.attach(model)  # this model's fit, evaluate, predict run the pipeline
     os.makedirs(args.out, exist_ok=True)
     prediction = strategy.simulate(model, args.batch_size, steps=steps)
     if rank == 0:

@@ -10,6 +10,7 @@ PACKAGES = [
     "tfsparse.data",
     "tfsparse.distribute",
     "tfsparse.dynamic",
+    "tfsparse.export",
     "tfsparse.fssl",
     "tfsparse.graphchallenge",
     "tfsparse.horovod",

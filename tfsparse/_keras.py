@@ -16,6 +16,8 @@ fine.)
 import os
 import sys
 
+from tfsparse._framework_internal import tf_keras_resolved_to_keras_3
+
 _FALSE_VALUES = ("0", "false", "no", "off")
 
 
@@ -27,7 +29,7 @@ def _select_keras_2():
             f"sets TF_USE_LEGACY_KERAS={setting!r}. Unset it or set "
             "TF_USE_LEGACY_KERAS=1 before starting Python."
         )
-    if _tf_keras_resolved_to_keras_3():
+    if tf_keras_resolved_to_keras_3(sys.modules.get("tensorflow")):
         version = getattr(sys.modules.get("keras"), "__version__", "3")
         raise ImportError(
             f"tfsparse needs Keras 2 (tf_keras), but Keras {version} is already "
@@ -37,26 +39,6 @@ def _select_keras_2():
             "tf_keras) or `from tfsparse import keras`."
         )
     os.environ["TF_USE_LEGACY_KERAS"] = "1"
-
-
-def _tf_keras_resolved_to_keras_3():
-    """True when ``tf.keras`` was already used and resolved to Keras 3.
-
-    Only instance dictionaries are read: any attribute lookup on TensorFlow's
-    lazy loader (even ``__name__``) would resolve it, to Keras 3.
-    """
-    tensorflow = sys.modules.get("tensorflow")
-    resolved = vars(tensorflow).get("keras") if tensorflow is not None else None
-    if resolved is None:
-        return False
-    state = vars(resolved)
-    if type(resolved).__name__ == "KerasLazyLoader":
-        return bool(state.get("_tfll_initialized")) and (
-            state.get("_tfll_keras_version") == "keras_3"
-        )
-    # After first use the loader is replaced by the module itself:
-    # keras._tf_keras.keras for Keras 3, tf_keras.api._v2.keras for Keras 2.
-    return str(state.get("__name__", "")).split(".")[0] == "keras"
 
 
 _select_keras_2()

@@ -199,15 +199,15 @@ def test_warns_when_never_pruned():
 @pytest.mark.parametrize(
     "kwargs,message",
     [
-        ({"threshold": -1.0}, 'Received an invalid value for "threshold", expected a float '
-                              ">= 0. Received: threshold=-1.0"),
-        ({"prune_epoch": 0}, 'Received an invalid value for "prune_epoch", expected None or an '
-                             "integer >= 1. Received: prune_epoch=0"),
-        ({"patience": 0}, 'Received an invalid value for "patience", expected an integer >= 1. '
+        ({"threshold": -1.0}, 'Received an invalid value for "threshold", expected a finite '
+                              "non-negative float. Received: threshold=-1.0"),
+        ({"prune_epoch": 0}, 'Received an invalid value for "prune_epoch", expected None or a '
+                             "positive integer. Received: prune_epoch=0"),
+        ({"patience": 0}, 'Received an invalid value for "patience", expected a positive integer. '
                           "Received: patience=0"),
-        ({"min_delta": -0.1}, 'Received an invalid value for "min_delta", expected a float '
-                              ">= 0. Received: min_delta=-0.1"),
-        ({"verbose": 2}, 'Received an invalid value for "verbose", expected 0 or 1. '
+        ({"min_delta": -0.1}, 'Received an invalid value for "min_delta", expected a finite '
+                              "non-negative float. Received: min_delta=-0.1"),
+        ({"verbose": 2}, 'Received an invalid value for "verbose", expected one of 0, 1. '
                          "Received: verbose=2"),
     ],
 )

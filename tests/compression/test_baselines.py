@@ -97,9 +97,9 @@ def test_no_compression_is_the_identity():
     "factory, message",
     [
         (lambda: DGC(0.01, sample_ratio=0), 'Received an invalid value for "sample_ratio", expected a float in (0, 1]. Received: sample_ratio=0'),
-        (lambda: DGC(0.01, max_refinements=-1), 'Received an invalid value for "max_refinements", expected an integer >= 0. Received: max_refinements=-1'),
-        (lambda: RandomK(0.01, seed=-2), 'Received an invalid value for "seed", expected an integer >= 0. Received: seed=-2'),
-        (lambda: RandomK(0.01, seed=1.5), 'Received an invalid value for "seed", expected an integer >= 0. Received: seed=1.5'),
+        (lambda: DGC(0.01, max_refinements=-1), 'Received an invalid value for "max_refinements", expected a non-negative integer. Received: max_refinements=-1'),
+        (lambda: RandomK(0.01, seed=-2), 'Received an invalid value for "seed", expected a non-negative integer. Received: seed=-2'),
+        (lambda: RandomK(0.01, seed=1.5), 'Received an invalid value for "seed", expected a non-negative integer. Received: seed=1.5'),
     ],
 )
 def test_invalid_baseline_arguments(factory, message):

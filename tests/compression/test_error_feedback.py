@@ -103,3 +103,62 @@ def test_invalid_arguments():
         ErrorFeedback(TopK(0.1), [tf.Variable(tf.zeros([2])), tf.Variable(tf.zeros([2], tf.float64))])
     with pytest.raises(ValueError, match="at least one variable"):
         ErrorFeedback(TopK(0.1), [])
+
+
+def _slices(values, rows, shape):
+    return tf.IndexedSlices(tf.constant(values, tf.float32), tf.constant(rows, tf.int64),
+                            tf.constant(shape, tf.int64))
+
+
+def test_row_sparse_gradient_selects_among_its_rows_with_their_residual():
+    variable = tf.Variable(tf.zeros([5, 2]))
+    feedback = ErrorFeedback(TopK(0.5), [variable])
+    residual = np.arange(10, dtype=np.float32).reshape(5, 2) / 10
+    feedback.residuals[0].assign(residual)
+    # Row 3 appears twice (summed), rows 0, 2, 4 are not touched.
+    gradient = np.array([[1.0, -4.0], [0.5, 0.5], [2.0, 0.0]], np.float32)
+    values, indices = feedback.compress_slices(_slices(gradient, [3, 1, 3], [5, 2]))
+    # NumPy reference: candidates are rows 3 and 1, summed, plus their residual rows.
+    candidates = {3: gradient[0] + gradient[2] + residual[3], 1: gradient[1] + residual[1]}
+    flat = {row * 2 + col: candidates[row][col] for row in candidates for col in range(2)}
+    top = sorted(flat, key=lambda p: -abs(flat[p]))[:2]  # TopK(0.5) of 4 candidates
+    order = np.argsort(indices.numpy())
+    assert indices.numpy()[order].tolist() == sorted(top)
+    np.testing.assert_array_equal(values.numpy()[order], [flat[p] for p in sorted(top)])
+    expected = residual.copy()
+    for position, value in flat.items():
+        expected.flat[position] = 0.0 if position in top else value
+    np.testing.assert_array_equal(feedback.residuals[0].numpy(), expected)
+
+
+def test_row_sparse_gradients_lose_nothing_over_many_steps():
+    variable = tf.Variable(tf.zeros([40, 3]))
+    feedback = ErrorFeedback(SIDCo(0.1), [variable])
+    rng = np.random.default_rng(3)
+    sent, total = np.zeros([40, 3]), np.zeros([40, 3])
+    for _ in range(20):
+        rows = rng.integers(0, 40, size=12)
+        gradient = rng.laplace(size=[12, 3]).astype(np.float32)
+        np.add.at(total, rows, gradient)
+        values, indices = feedback.compress_slices(_slices(gradient, rows, [40, 3]))
+        sent += feedback.decompress(values, indices)[0].numpy()
+    # float32 sums of O(1) values over 20 steps: error ~ 20 * 6e-8 * 10.
+    np.testing.assert_allclose(sent + feedback.residuals[0].numpy(), total, atol=1e-4)
+
+
+def test_non_finite_row_sparse_gradient_skipped_when_asked():
+    variable = tf.Variable(tf.zeros([4, 2]), name="embedding")
+    feedback = ErrorFeedback(TopK(0.5), [variable], nonfinite="skip")
+    feedback.residuals[0].assign(np.ones([4, 2], np.float32))
+    values, _ = feedback.compress_slices(_slices([[np.nan, 1.0]], [2], [4, 2]))
+    assert values.numpy().tolist() in ([], [0.0])  # nothing but zeros is sent
+    np.testing.assert_array_equal(feedback.residuals[0].numpy(), np.ones([4, 2]))
+    raising = ErrorFeedback(TopK(0.5), [variable])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="Non-finite gradient.*embedding"):
+        raising.compress_slices(_slices([[np.inf, 1.0]], [2], [4, 2]))
+
+
+def test_row_sparse_gradient_needs_a_single_variable():
+    feedback = ErrorFeedback(TopK(0.5), [tf.Variable(tf.zeros([2, 2])), tf.Variable(tf.zeros([2]))])
+    with pytest.raises(ValueError, match="single variable; this ErrorFeedback holds 2 variables"):
+        feedback.compress_slices(_slices([[1.0, 2.0]], [0], [2, 2]))

@@ -36,11 +36,11 @@ def test_ratio_zero_message_is_exactly_the_keras_style():
     [
         ({"distribution": "cauchy"}, "Received an invalid value for \"distribution\", expected one of "
                                      "'exponential', 'gpareto', 'gamma'. Received: distribution='cauchy'"),
-        ({"stages": 0}, 'Received an invalid value for "stages", expected an integer >= 1. Received: stages=0'),
+        ({"stages": 0}, 'Received an invalid value for "stages", expected a positive integer. Received: stages=0'),
         ({"stages": 8}, 'Received an invalid value for "stages", expected an integer in [1, 7] '
                         "(ceil(log(ratio)/log(0.5)) for ratio=0.01). Received: stages=8"),
         ({"adaptive": 1}, 'Received an invalid value for "adaptive", expected a bool. Received: adaptive=1'),
-        ({"adapt_every": 0}, 'Received an invalid value for "adapt_every", expected an integer >= 1. '
+        ({"adapt_every": 0}, 'Received an invalid value for "adapt_every", expected a positive integer. '
                              "Received: adapt_every=0"),
         ({"first_ratio": 2.0}, 'Received an invalid value for "first_ratio", expected a float in (0, 1]. '
                                "Received: first_ratio=2.0"),

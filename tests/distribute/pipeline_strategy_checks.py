@@ -61,10 +61,9 @@ def plain_run(optimizer, epochs=2):
 def pipelined(schedule, optimizer, steps_per_execution=1, **kwargs):
     strategy = PipelineStrategy(devices=DEVICES, num_microbatches=kwargs.pop("m", 4),
                                 schedule=schedule, **kwargs)
-    with strategy.scope():
-        model = mlp()
-        compile_(model, optimizer, steps_per_execution)
-    return strategy, model
+    model = mlp()
+    compile_(model, optimizer, steps_per_execution)
+    return strategy, strategy.attach(model)
 
 
 def synchronous_equivalence(results):
@@ -140,12 +139,12 @@ def asynchronous_semantics(results):
                             ("layerpipe", {}), ("async", {"min_update_interval": 3})):
         strategy = PipelineStrategy(devices=DEVICES, num_microbatches=2, schedule=schedule,
                                     costs=[(1, 1, 1), (1, 1, 1)], **extra)
-        with strategy.scope():
-            model = keras.Sequential([keras.Input((6,)),
-                                      keras.layers.Dense(5, use_bias=False),
-                                      keras.layers.Dense(2, use_bias=False)])
-            model.set_weights([w0, w1])
-            model.compile(keras.optimizers.SGD(0.1), "mse", steps_per_execution=4)
+        model = keras.Sequential([keras.Input((6,)),
+                                  keras.layers.Dense(5, use_bias=False),
+                                  keras.layers.Dense(2, use_bias=False)])
+        model.set_weights([w0, w1])
+        model.compile(keras.optimizers.SGD(0.1), "mse", steps_per_execution=4)
+        strategy.attach(model)
         model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
         # 4 steps of 2 micro-batches; "async" updates after 3, 3 and 2 of them.
         reference = linear_chain_reference(make_schedule(schedule, 2, 2, 4, **extra),
@@ -198,9 +197,9 @@ def bad_inputs(results):
 
     def too_many_stages():
         strategy = PipelineStrategy(devices=DEVICES, num_microbatches=2)
-        with strategy.scope():
-            model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
-            model.compile("sgd", "mse")
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+        model.compile("sgd", "mse")
+        strategy.attach(model)
     catch("stages", too_many_stages)
 
     def not_dividing():

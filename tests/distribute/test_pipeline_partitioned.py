@@ -147,6 +147,23 @@ def test_inference_is_partitioned_over_the_group(results):
     assert graphs["sparse_1+sparse_2"]["predicted_layers"][0] > 0
 
 
+def test_a_softmax_ends_its_run_and_sees_whole_rows(results):
+    got = results["softmax"]
+    # sparse_1's softmax ends a run; sparse_3's log_softmax is applied to the
+    # assembled output of the run [sparse_2, sparse_3]. Regression: a
+    # normalisation over each device's slice of a row.
+    assert got["runs"] == [["sparse_1"], ["sparse_2", "sparse_3"]]
+    for other in ("reference", "plain"):  # gpipe = plain with accumulation
+        assert_weights_close(got["grouped"]["weights"], got[other]["weights"])
+        np.testing.assert_allclose(got["grouped"]["history"]["loss"],
+                                   got[other]["history"]["loss"], rtol=1e-5)
+        np.testing.assert_allclose(got["grouped"]["predict"], got[other]["predict"],
+                                   **TOLERANCE)
+    # Rows of 3 float32 log-probabilities: their exponentials sum to 1 to a few ulps.
+    np.testing.assert_allclose(np.sum(np.exp(got["grouped"]["predict"]), axis=1), 1.0,
+                               rtol=1e-6)
+
+
 def test_weights_set_between_fits_are_trained_from(results):
     got = results["set_weights"]
     assert_weights_close(got["grouped"]["weights"], got["reference"]["weights"])
@@ -190,8 +207,8 @@ def test_bad_inputs_raise_keras_style_errors(results):
             in errors["single"])
     assert errors["no_sparse"] == (
         'Received an invalid value for "devices", expected a group of devices only for a '
-        "stage with SparseDense layers to partition (an elementwise activation, no "
-        "regularizers or constraints); "
+        "stage with SparseDense layers to partition (on 2-D inputs, without regularizers "
+        "or constraints); "
         "stage 1 has dense_5. Received: devices=['/cpu:0', ['/cpu:1', '/cpu:2']]")
     assert errors["count"].startswith(
         'Received an invalid value for "partition", expected 2 Partitions for stage 0 (one '

@@ -83,8 +83,8 @@ def test_training_graph_uses_both_devices(results):
 def test_bad_inputs_raise_keras_style_errors(results):
     errors = results["errors"]
     assert errors["schedule"] == (
-        'Received an invalid value for "schedule", expected one of "gpipe", "1f1b", '
-        "\"pipedream\", \"layerpipe\", \"async\". Received: schedule='zb-v'")
+        "Received an invalid value for \"schedule\", expected one of 'gpipe', '1f1b', "
+        "'pipedream', 'layerpipe', 'async'. Received: schedule='zb-v'")
     assert errors["device"] == (
         'Received an invalid value for "devices", expected existing devices (this '
         "process has: /device:CPU:0, /device:CPU:1). Received: devices=['/cpu:0', '/cpu:7']")

@@ -1,4 +1,4 @@
-"""PipelineStrategy on the default CPU device: scope, arguments, simulate."""
+"""PipelineStrategy on the default CPU device: arguments, simulate, training."""
 
 import os
 import re
@@ -22,27 +22,15 @@ def chain():
                              keras.layers.Dense(2)])
 
 
-def test_scope_patches_compile_only_inside():
-    original = keras.Model.compile
-    strategy = PipelineStrategy(devices=["/cpu:0"], num_microbatches=2, schedule="1f1b")
-    with strategy.scope():
-        model = chain()
-        model.compile(keras.optimizers.SGD(0.1), "mse")
-        assert keras.Model.compile is not original
-    assert keras.Model.compile is original
-    outside = chain()
-    outside.compile("sgd", "mse")
-    assert not hasattr(outside, "pipeline")
-    history = model.fit(X, Y, batch_size=8, epochs=2, verbose=0)
-    assert len(history.history["loss"]) == 2
-    assert int(model.optimizer.iterations.numpy()) == 4
+def pipelined(strategy, optimizer="sgd", **compile_kwargs):
+    model = chain()
+    model.compile(optimizer, "mse", **compile_kwargs)
+    return strategy.attach(model)
 
 
 def test_one_stage_gpipe_equals_plain_training():
     strategy = PipelineStrategy(devices=["/cpu:0"], num_microbatches=4, schedule="gpipe")
-    with strategy.scope():
-        model = chain()
-        model.compile(keras.optimizers.SGD(0.1), "mse")
+    model = pipelined(strategy, keras.optimizers.SGD(0.1))
     model.fit(X, Y, batch_size=8, epochs=2, shuffle=False, verbose=0)
     plain = chain()
     plain.compile(keras.optimizers.SGD(0.1), "mse")
@@ -55,16 +43,15 @@ def test_one_stage_gpipe_equals_plain_training():
 def test_simulate_uses_the_executed_plan_and_explicit_stages():
     strategy = PipelineStrategy(devices=["/cpu:0"], num_microbatches=2, schedule="pipedream",
                                 costs=[(1, 0, 1), (1, 1, 1)])
-    with strategy.scope():
-        model = chain()
-        model.compile("sgd", "mse")
+    model = pipelined(strategy)
     result = strategy.simulate(model, batch_size=8, steps=3)
     assert result.plan.stages == ((0, 1),)
     assert result.cycles == 3 * 2 * 5  # one stage: every action in turn
     with pytest.raises(ValueError, match='"num_microbatches", expected a divisor of the '
                        r"batch size \(7\)"):
         strategy.simulate(model, batch_size=7)
-    with pytest.raises(ValueError, match='"model", expected a model compiled inside'):
+    with pytest.raises(ValueError, match='"model", expected a model attached to this '
+                       r'strategy \(strategy.attach\(model\) after model.compile\)'):
         strategy.simulate(chain(), batch_size=8)
 
 
@@ -96,21 +83,23 @@ def test_bad_constructor_arguments(kwargs, message):
 
 def test_costs_for_the_wrong_number_of_layers():
     strategy = PipelineStrategy(devices=["/cpu:0"], num_microbatches=2, costs=[(1, 1, 1)])
-    with strategy.scope():
-        model = chain()
-        model.compile("sgd", "mse")
+    model = pipelined(strategy)
     with pytest.raises(ValueError, match=r'"costs", expected one triple per layer \(2\)'):
         model.fit(X, Y, batch_size=8, verbose=0)
 
 
 def test_a_loss_added_to_the_model_itself_is_refused_not_dropped():
     strategy = PipelineStrategy(devices=["/cpu:0"], num_microbatches=2)
-    with strategy.scope():
-        model = chain()
-        model.add_loss(lambda: tf.reduce_sum(model.layers[0].kernel))
-        with pytest.raises(ValueError, match=r"not a loss added to the model itself\. "
-                                             r"Received: a model with 1 model.add_loss"):
-            model.compile("sgd", "mse")
+    model = chain()
+    model.add_loss(lambda: tf.reduce_sum(model.layers[0].kernel))
+    model.compile("sgd", "mse")
+    with pytest.raises(ValueError) as info:
+        strategy.attach(model)
+    assert str(info.value) == (
+        'Received an invalid value for "model", expected no loss added to the model itself '
+        "(PipelineStrategy adds the losses of the model's layers, their regularizers and "
+        "add_loss calls, to the training loss: add it from a layer's call() or as a layer's "
+        "regularizer instead). Received: a model with 1 model.add_loss loss(es)")
 
 
 def test_horovod_devices_need_hvd_init():
@@ -134,9 +123,7 @@ def test_pipelined_model_exports_a_saved_model(tmp_path):
     import tensorflow as tf
 
     strategy = PipelineStrategy(devices=["/cpu:0"], num_microbatches=2, schedule="layerpipe")
-    with strategy.scope():
-        model = chain()
-        model.compile(keras.optimizers.SGD(0.1), "mse")
+    model = pipelined(strategy, keras.optimizers.SGD(0.1))
     model.fit(X, Y, batch_size=8, verbose=0)
     model.save(str(tmp_path / "saved"), save_format="tf")
     loaded = tf.saved_model.load(str(tmp_path / "saved"))
@@ -158,9 +145,8 @@ def test_loss_scaling_is_refused_not_applied_wrongly(mixed_precision):
     # divides by a loss scale the pipeline never multiplied in.
     mixed_precision("mixed_float16")
     strategy = PipelineStrategy(devices=["/cpu:0"], num_microbatches=2, schedule="gpipe")
-    with strategy.scope(), pytest.raises(ValueError) as error:
-        model = chain()
-        model.compile(keras.optimizers.SGD(0.1), "mse")
+    with pytest.raises(ValueError) as error:
+        pipelined(strategy, keras.optimizers.SGD(0.1))
     assert str(error.value).startswith(
         'Received an invalid value for "optimizer", expected an optimizer without loss '
         'scaling: PipelineStrategy does not scale losses; use the "mixed_bfloat16" policy')
@@ -169,14 +155,12 @@ def test_loss_scaling_is_refused_not_applied_wrongly(mixed_precision):
 def test_mixed_bfloat16_gpipe_equals_plain_training(mixed_precision):
     mixed_precision("mixed_bfloat16")
     runs = []
-    for pipelined in (True, False):
+    for attached in (True, False):
         strategy = PipelineStrategy(devices=["/cpu:0"], num_microbatches=4, schedule="gpipe")
         model = chain()
-        if pipelined:
-            with strategy.scope():
-                model.compile(keras.optimizers.SGD(0.1), "mse")
-        else:
-            model.compile(keras.optimizers.SGD(0.1), "mse")
+        model.compile(keras.optimizers.SGD(0.1), "mse")
+        if attached:
+            strategy.attach(model)
         model.fit(X, Y, batch_size=8, epochs=2, shuffle=False, verbose=0)
         runs.append(model.get_weights())
     assert model.layers[0].compute_dtype == "bfloat16"
@@ -202,10 +186,7 @@ def test_backup_and_restore_resumes_the_stage_optimizers_exactly(tmp_path, sched
     def build():
         strategy = PipelineStrategy(devices=["/cpu:0"], num_microbatches=2,
                                     schedule=schedule)
-        with strategy.scope():
-            model = chain()
-            model.compile(keras.optimizers.Adam(0.01), "mse", steps_per_execution=2)
-        return model
+        return pipelined(strategy, keras.optimizers.Adam(0.01), steps_per_execution=2)
 
     straight = build()
     straight.fit(X, Y, batch_size=4, epochs=4, shuffle=False, verbose=0)

@@ -165,8 +165,8 @@ def test_layerpipe_transfers_weight_gradients_before_each_update():
 
 @pytest.mark.parametrize("kwargs,message", [
     (dict(name="zero-bubble", num_stages=2, num_microbatches=2),
-     'Received an invalid value for "name", expected one of "gpipe", "1f1b", '
-     '"pipedream", "layerpipe", "async". Received: name=\'zero-bubble\''),
+     "Received an invalid value for \"name\", expected one of 'gpipe', '1f1b', "
+     "'pipedream', 'layerpipe', 'async'. Received: name='zero-bubble'"),
     (dict(name="gpipe", num_stages=0, num_microbatches=2),
      'Received an invalid value for "num_stages", expected a positive integer. '
      'Received: num_stages=0'),

@@ -223,9 +223,9 @@ def test_every_input_removed_is_a_clear_error():
         fssl.compact(model)
 
 
-PREFIX = ("compact supports Sequential chains of Dense and SparseDense layers, with Flatten "
-          "before the first of them and Dropout or elementwise activation layers (Activation, "
-          "ReLU, LeakyReLU, ELU) after them. ")
+PREFIX = ('Received an invalid value for "model", expected a Sequential chain of Dense and '
+          "SparseDense layers, with Flatten before the first of them and Dropout or elementwise "
+          "activation layers (Activation, ReLU, LeakyReLU, ELU) after them. ")
 
 
 @pytest.mark.parametrize(

@@ -94,7 +94,7 @@ def test_categories_round_trip(tmp_path):
     np.testing.assert_array_equal(load_categories(path), [0, 3, 10])
     write_categories(path, [])
     assert load_categories(path).size == 0
-    with pytest.raises(ValueError, match=re.escape("expected 0-based row ids >= 0. Received: an id -1")):
+    with pytest.raises(ValueError, match=re.escape("expected non-negative 0-based row ids. Received: an id -1")):
         write_categories(path, [3, -1])
 
 

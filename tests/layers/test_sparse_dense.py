@@ -57,9 +57,33 @@ def test_random_pattern_is_seeded_and_reproducible():
     b.build((None, 16))
     assert a.pattern == b.pattern
     assert a.nnz == 8 * 4
-    c = SparseDense.from_config(SparseDense(8, density=0.25).get_config())
-    c.build((None, 16))  # an unseeded layer stores its drawn seed in its config
-    assert c.nnz == 32
+
+
+def _built(layer, input_dim=16):
+    layer.build((None, input_dim))
+    return layer
+
+
+def test_drawn_seed_is_kept_in_the_config():
+    original = _built(SparseDense(8, density=0.25))
+    # Two unseeded layers draw different seeds, hence different patterns...
+    assert _built(SparseDense(8, density=0.25)).pattern != original.pattern
+    # ...and the config keeps the drawn one: every layer built from it has its pattern.
+    config = original.get_config()
+    first, second = (_built(SparseDense.from_config(config)) for _ in range(2))
+    assert first.pattern == original.pattern
+    assert second.pattern == original.pattern
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "issue 14: get_config keeps only the nnz of a given pattern and from_config "
+    "draws a placeholder (fixed on branch i17-rigl; then remove this mark)"))
+def test_given_pattern_is_rebuilt_from_the_config():
+    original = _built(SparseDense(8, pattern=_pattern((16, 8))))
+    config = original.get_config()
+    first, second = (_built(SparseDense.from_config(config)) for _ in range(2))
+    assert first.pattern == original.pattern
+    assert second.pattern == original.pattern
 
 
 def test_only_the_nonzeros_are_weights():
@@ -106,23 +130,23 @@ def test_sparse_aware_regularizer_gets_the_pattern():
 
 def _message(name, expected, received):
     return (f'Received an invalid value for "{name}", expected {expected}. '
-            f"Received: {name}={received}")
+            f"Received: {received}")
 
 
 @pytest.mark.parametrize(
     "kwargs,message",
     [
-        (dict(units=0), _message("units", "a positive integer", "0")),
-        (dict(units=4, density=0.0), _message("density", "a float in (0, 1]", "0.0")),
-        (dict(units=4, density=1.5), _message("density", "a float in (0, 1]", "1.5")),
+        (dict(units=0), _message("units", "a positive integer", "units=0")),
+        (dict(units=4, density=0.0), _message("density", "a float in (0, 1]", "density=0.0")),
+        (dict(units=4, density=1.5), _message("density", "a float in (0, 1]", "density=1.5")),
         (dict(units=4, pattern=scipy.sparse.eye(3, 5, format="csr")),
-         _message("pattern", "a matrix of shape (input_dim, 4) (units=4)", "a matrix of shape (3, 5)")),
+         _message("pattern", "a matrix of shape (input_dim, 4) (units=4)", "pattern of shape (3, 5)")),
         (dict(units=2, pattern=scipy.sparse.csr_matrix(np.array([[np.nan, 1.0]]))),
-         _message("pattern", "finite values", "a matrix with 1 non-finite values")),
+         _message("pattern", "finite values", "pattern with 1 non-finite values")),
         (dict(units=2, pattern=np.eye(2)),
-         _message("pattern", "a scipy.sparse matrix of shape (input_dim, units)", "ndarray")),
+         _message("pattern", "a scipy.sparse matrix of shape (input_dim, units)", "pattern of type ndarray")),
         (dict(units=2, density=0.5, pattern=scipy.sparse.eye(2, format="csr")),
-         _message("density", "None when a pattern is given (the pattern sets it)", "0.5")),
+         _message("density", "None when a pattern is given (the pattern sets it)", "density=0.5")),
     ],
 )
 def test_invalid_arguments_name_the_argument(kwargs, message):
@@ -137,7 +161,7 @@ def test_pattern_that_does_not_match_the_input_is_rejected_at_build():
         layer(np.ones((2, 5), np.float32))
     assert str(error.value) == _message(
         "pattern", "a matrix of shape (5, 3) to match the input dimension 5",
-        "a matrix of shape (4, 3)")
+        "pattern of shape (4, 3)")
 
 
 def test_one_dimensional_input_is_rejected():
@@ -145,7 +169,7 @@ def test_one_dimensional_input_is_rejected():
         SparseDense(3)(np.ones((4,), np.float32))
     assert str(error.value) == _message(
         "inputs", "an input of at least 2 dimensions (batch, ..., input_dim) with known "
-        "input_dim", "shape (4,)")
+        "input_dim", "inputs of shape (4,)")
 
 
 @pytest.mark.parametrize("shape", [(3, 5, 9), (2, 3, 4, 9)])
@@ -274,7 +298,7 @@ def test_a_config_pattern_without_positions_is_refused():
     assert str(error.value) == (
         'Received an invalid value for "pattern", expected a dict written by '
         "SparseDense.get_config (with shape, nnz, encoding and positions). "
-        "Received: pattern={'nnz': 4}")
+        "Received: pattern={'nnz': 4}")  # the layout of 0.1.0's configs: no positions
 
 
 def test_set_pattern_refuses_another_nnz():

@@ -83,7 +83,7 @@ def test_tfsparse_isa_forces_a_variant(isa):
 def test_tfsparse_isa_of_an_unknown_name_is_an_error():
     run = _python(CHECK, TFSPARSE_ISA="sse9")
     assert run.returncode != 0
-    assert ("Received an invalid value for environment variable \"TFSPARSE_ISA\", expected one of "
+    assert ("Received an invalid value for \"TFSPARSE_ISA\", expected one of "
             "'avx512', 'avx2', 'portable'. Received: TFSPARSE_ISA='sse9'") in run.stderr
 
 

@@ -187,8 +187,8 @@ def test_sparse_dense_model_is_accepted():
      "Received: epsilon=1.0"),
     ({"k": 2, "epsilon": -0.01}, "Received: epsilon=-0.01"),
     ({"k": 2, "method": "metis"},
-     'Received an invalid value for "method", expected one of "hypergraph", '
-     '"graph", "block", "random". Received: method=\'metis\''),
+     "Received an invalid value for \"method\", expected one of 'hypergraph', "
+     "'graph', 'block', 'random'. Received: method='metis'"),
     ({"k": 2, "preset": "fast"}, "Received: preset='fast'"),
     ({"k": 2, "lookahead": 1.5},
      'Received an invalid value for "lookahead", expected a float in [0, 1]. '

@@ -165,23 +165,23 @@ def test_sum_round_trips_through_a_saved_dense_model(tmp_path):
 @pytest.mark.parametrize(
     "kwargs,message",
     [
-        ({"l": -1.0}, 'Received an invalid value for "l", expected a finite float >= 0. '
-                      "Received: l=-1.0"),
-        ({"l": "big"}, 'Received an invalid value for "l", expected a finite float >= 0. '
-                       "Received: l='big'"),
+        ({"l": -1.0}, 'Received an invalid value for "l", expected a finite non-negative '
+                      "float. Received: l=-1.0"),
+        ({"l": "big"}, 'Received an invalid value for "l", expected a finite non-negative '
+                       "float. Received: l='big'"),
         ({"groups": "filters"},
-         'Received an invalid value for "groups", expected "rows", "columns", "blocks" or '
-         'a sequence of distinct ones such as ("rows", "columns"). Received: groups=\'filters\''),
+         'Received an invalid value for "groups", expected \'rows\', \'columns\', \'blocks\' or '
+         "a sequence of distinct ones such as ('rows', 'columns'). Received: groups='filters'"),
         ({"groups": ("rows", "rows")},
-         'Received an invalid value for "groups", expected "rows", "columns", "blocks" or '
-         "a sequence of distinct ones such as (\"rows\", \"columns\"). "
+         'Received an invalid value for "groups", expected \'rows\', \'columns\', \'blocks\' or '
+         "a sequence of distinct ones such as ('rows', 'columns'). "
          "Received: groups=('rows', 'rows')"),
         ({"groups": "blocks", "block_shape": (0, 2)},
          'Received an invalid value for "block_shape", expected a pair of positive integers '
-         '(bh, bw) when groups include "blocks". Received: block_shape=(0, 2)'),
+         '(bh, bw) when groups include \'blocks\'. Received: block_shape=(0, 2)'),
         ({"groups": "rows", "block_shape": (2, 2)},
          'Received an invalid value for "block_shape", expected None unless groups include '
-         "\"blocks\". Received: block_shape=(2, 2) with groups='rows'"),
+         "'blocks'. Received: block_shape=(2, 2) with groups='rows'"),
     ],
 )
 def test_invalid_arguments(kwargs, message):

@@ -147,11 +147,11 @@ def test_keep_masks_drop_groups_under_threshold_sparse_and_dense():
     "kwargs,message",
     [
         ({"groups": "filters"},
-         'Received an invalid value for "groups", expected one of "rows", "columns", '
-         '"blocks". Received: groups=\'filters\''),
+         'Received an invalid value for "groups", expected one of \'rows\', \'columns\', '
+         "'blocks'. Received: groups='filters'"),
         ({"groups": "blocks"},
          'Received an invalid value for "block_shape", expected a pair of positive '
-         'integers (bh, bw) when groups="blocks". Received: block_shape=None'),
+         'integers (bh, bw) when groups=\'blocks\'. Received: block_shape=None'),
     ],
 )
 def test_invalid_arguments(kwargs, message):

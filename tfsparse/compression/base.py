@@ -12,7 +12,7 @@ import math
 
 import tensorflow as tf
 
-from tfsparse.compression import _validation
+from tfsparse import _validation
 
 INDEX_DTYPE = tf.int32
 _MAX_INT32 = 2**31 - 1

@@ -2,7 +2,7 @@
 
 import tensorflow as tf
 
-from tfsparse.compression import _validation
+from tfsparse import _validation
 from tfsparse.compression.base import INDEX_DTYPE
 from tfsparse.compression.base import Compressor
 from tfsparse.compression.base import select_above
@@ -40,10 +40,10 @@ class DGC(Compressor):
     def __init__(self, ratio, sample_ratio=0.01, max_refinements=10, seed=0, name=None):
         super().__init__(ratio, name=name)
         self._sample_ratio = _validation.check_fraction("sample_ratio", sample_ratio)
-        self._max_refinements = _validation.check_positive_int(
-            "max_refinements", max_refinements, minimum=0
+        self._max_refinements = _validation.check_non_negative_int(
+            "max_refinements", max_refinements
         )
-        self._seed = _validation.check_positive_int("seed", seed, minimum=0)
+        self._seed = _validation.check_non_negative_int("seed", seed)
         with self.name_scope:
             self._calls = tf.Variable(0, dtype=tf.int64, trainable=False, name="calls")
 

@@ -2,7 +2,10 @@
 
 import tensorflow as tf
 
-from tfsparse.compression import _validation
+from tfsparse import _validation
+from tfsparse.compression.base import INDEX_DTYPE
+
+_MAX_INT32 = 2**31 - 1
 
 NONFINITE_POLICIES = ("raise", "skip")
 
@@ -48,12 +51,12 @@ class ErrorFeedback(tf.Module):
         self._nonfinite = _validation.check_choice("nonfinite", nonfinite, NONFINITE_POLICIES)
         variables = list(variables)
         if not variables:
-            raise ValueError("ErrorFeedback needs at least one variable. Received: variables=[]")
+            raise _validation.invalid_value("variables", "at least one variable", variables)
         dtypes = {v.dtype.base_dtype for v in variables}
         if len(dtypes) != 1:
-            raise ValueError(
-                "ErrorFeedback compresses one buffer of a single dtype. Received variables "
-                f"of dtypes {sorted(d.name for d in dtypes)}"
+            raise _validation.invalid_value(
+                "variables", "variables of a single dtype (one buffer is compressed)",
+                received=f"variables of dtypes {sorted(d.name for d in dtypes)}",
             )
         self.dtype = variables[0].dtype.base_dtype
         self.variable_names = [v.name for v in variables]
@@ -101,6 +104,56 @@ class ErrorFeedback(tf.Module):
                 part = tf.where(finite[i], part, residual)
             residual.assign(part)
         return values, indices
+
+    def compress_slices(self, slices):
+        """Compresses a row-sparse gradient (``tf.IndexedSlices``) of the one variable.
+
+        The gradient's rows are summed per distinct row (an embedding row
+        looked up twice in a batch appears twice), the residual of those rows
+        is added, and the compressor selects among the elements of these rows
+        only. What it leaves out goes back to those rows' residual; the
+        residual of a row the gradient does not touch waits until a later
+        gradient touches it (it is never sent on its own, so the rows a step
+        sends stay the rows it touched). With ``nonfinite="skip"`` a
+        non-finite gradient sends nothing and leaves every residual unchanged.
+
+        Args:
+            slices: a `tf.IndexedSlices` for the single variable of this
+                `ErrorFeedback`; its values have the variable's row shape.
+
+        Returns:
+            `(values, indices)` in the same form as `compress`: int32
+            positions in the flattened variable, so `decompress` (or any
+            scatter-add into the variable's shape) rebuilds the sent gradient.
+        """
+        if len(self.residuals) != 1:
+            raise ValueError(
+                "compress_slices compresses the gradient of a single variable; this "
+                f"ErrorFeedback holds {len(self.residuals)} variables."
+            )
+        if self.size > _MAX_INT32:
+            raise ValueError(
+                f"Row-sparse gradients are indexed with int32; variable {self.variable_names[0]} "
+                f"has {self.size} elements; split it into parts of fewer than 2**31 elements."
+            )
+        residual, name = self.residuals[0], self.variable_names[0]
+        row_shape = self.shapes[0][1:]
+        row_size = row_shape.num_elements()
+        gradient = tf.convert_to_tensor(slices.values, self.dtype)
+        rows, slot = tf.unique(tf.cast(slices.indices, INDEX_DTYPE))
+        summed = tf.math.unsorted_segment_sum(self._finite(gradient, name), slot, tf.size(rows))
+        flat = tf.reshape(summed + tf.gather(residual, rows), [-1])
+        if self._nonfinite == "skip":
+            is_finite = tf.reduce_all(tf.math.is_finite(gradient))
+            flat = tf.where(is_finite, flat, tf.zeros_like(flat))
+        values, local = self.compressor.compress(flat)
+        left = tf.reshape(flat - self.compressor.decompress(values, local, tf.size(flat)),
+                          [-1] + row_shape.as_list())
+        if self._nonfinite == "skip":
+            left = tf.where(is_finite, left, tf.gather(residual, rows))
+        residual.scatter_update(tf.IndexedSlices(left, rows))
+        positions = tf.gather(rows, local // row_size) * row_size + local % row_size
+        return values, positions
 
     def decompress(self, values, indices, scale=None):
         """Rebuilds the gradients (list shaped like the variables), times `scale` if given."""

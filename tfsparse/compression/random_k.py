@@ -2,7 +2,7 @@
 
 import tensorflow as tf
 
-from tfsparse.compression import _validation
+from tfsparse import _validation
 from tfsparse.compression.base import INDEX_DTYPE
 from tfsparse.compression.base import Compressor
 
@@ -36,7 +36,7 @@ class RandomK(Compressor):
 
     def __init__(self, ratio, seed=0, name=None):
         super().__init__(ratio, name=name)
-        self._seed = _validation.check_positive_int("seed", seed, minimum=0)
+        self._seed = _validation.check_non_negative_int("seed", seed)
         with self.name_scope:
             self._calls = tf.Variable(0, dtype=tf.int64, trainable=False, name="calls")
 

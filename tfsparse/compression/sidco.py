@@ -2,7 +2,7 @@
 
 import tensorflow as tf
 
-from tfsparse.compression import _validation
+from tfsparse import _validation
 from tfsparse.compression import thresholds
 from tfsparse.compression.base import Compressor
 from tfsparse.compression.sidco_select import kernel_serves

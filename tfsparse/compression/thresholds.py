@@ -29,6 +29,8 @@ import math
 
 import tensorflow as tf
 
+from tfsparse import _validation
+
 DISTRIBUTIONS = ("exponential", "gpareto", "gamma")
 FIRST_RATIO = 0.25
 _HALLEY_STEPS = 20
@@ -244,6 +246,7 @@ def _nonzero_ratio(ratio, size, nonzero):
 
 def _fit(x, ratio, distribution, count, exclude_zeros):
     """Threshold of `distribution` fitted to `count` elements of x (its nonzeros if exclude_zeros)."""
+    _validation.check_choice("distribution", distribution, DISTRIBUTIONS)
     count = tf.maximum(tf.cast(count, x.dtype), 1.0)
     mean = tf.reduce_sum(x) / count
     if distribution == "exponential":
@@ -254,7 +257,7 @@ def _fit(x, ratio, distribution, count, exclude_zeros):
         second = tf.square(tf.math.reduce_euclidean_norm(x)) / count
         variance = tf.maximum(second - tf.square(mean), 0.0)
         eta = gpareto_threshold(mean, variance, ratio)
-    elif distribution == "gamma":
+    else:  # "gamma"
         # s = -mean(ln(x/mean + eps)) = ln(mean) - mean(ln(x + eps*mean)); eps
         # (machine epsilon) relative to the mean keeps exact zeros finite.
         eps = tf.constant(tf.experimental.numpy.finfo(x.dtype.as_numpy_dtype).eps, x.dtype)
@@ -266,11 +269,6 @@ def _fit(x, ratio, distribution, count, exclude_zeros):
             mean_log = tf.reduce_sum(tf.math.log(x + eps * safe_mean)) / count
             log_gap = tf.math.log(safe_mean) - mean_log
         eta = gamma_threshold(mean, tf.maximum(log_gap, 0.0), ratio)
-    else:
-        raise ValueError(
-            f'Received an invalid value for "distribution", expected one of '
-            f"{', '.join(repr(d) for d in DISTRIBUTIONS)}. Received: distribution={distribution!r}"
-        )
     return tf.where(mean > 0, eta, tf.zeros_like(eta))
 
 

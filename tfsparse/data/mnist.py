@@ -12,6 +12,7 @@ import zipfile
 
 import numpy as np
 
+from tfsparse._validation import invalid_value
 from tfsparse.data._idx import read_idx
 
 SAMPLE_PATH = pathlib.Path(__file__).resolve().parent / "mnist_sample.npz"
@@ -52,15 +53,9 @@ def load_mnist_sample(test_fraction=0.2, seed=0):
         ((4000, 28, 28), (1000, 28, 28))
     """
     if not isinstance(test_fraction, (float, int)) or not 0 < test_fraction < 1:
-        raise ValueError(
-            'Received an invalid value for "test_fraction", expected a float in '
-            f"(0, 1). Received: test_fraction={test_fraction!r}"
-        )
+        raise invalid_value("test_fraction", "a float in (0, 1)", test_fraction)
     if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool):
-        raise ValueError(
-            'Received an invalid value for "seed", expected an integer. '
-            f"Received: seed={seed!r}"
-        )
+        raise invalid_value("seed", "an integer", seed)
     with np.load(SAMPLE_PATH) as sample:
         images, labels = sample["images"], sample["labels"]
     rng = np.random.default_rng(seed)

@@ -4,6 +4,15 @@
 (PipeDream-Flush), PipeDream, LayerPipe and AMPNet-style asynchronous
 training; ``simulate`` replays them with per-layer costs (measured by
 ``profile`` or modelled by ``model_costs``); ``plot_gantt`` draws the result.
+
+Example:
+  >>> from tfsparse.distribute import simulate
+  >>> costs = [(1.0, 1.0, 1.0)] * 4  # (forward, backward-input, backward-weight) per layer
+  >>> gpipe, one_f_one_b = (simulate(name, costs, 4, 8) for name in ("gpipe", "1f1b"))
+  >>> gpipe.cycles == one_f_one_b.cycles  # as fast, holding fewer activations per stage
+  True
+  >>> gpipe.peak_activations, one_f_one_b.peak_activations
+  ((8, 8, 8, 8), (4, 3, 2, 1))
 """
 
 from tfsparse.distribute.costs import model_costs

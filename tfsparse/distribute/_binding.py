@@ -1,16 +1,22 @@
 """The pipeline of one compiled model: its plan, executor and step functions.
 
-``PipelineStrategy`` attaches a ``Binding`` to every model compiled in its
-scope (``model.pipeline``) and points the model's ``make_train_function``,
-``test_step`` and ``predict_step`` at it, and with one stage per Horovod
-process also ``make_test_function`` and ``make_predict_function``.
+``PipelineStrategy.attach(model)`` makes a ``Binding`` (``model.pipeline``)
+and sets the model's ``train_function``, ``test_function`` and
+``predict_function``, the functions Keras caches between two ``compile``
+calls, to the binding's. No method of the model or of its class is
+overridden, except that the model's own ``compile`` attribute first detaches
+the binding (so a recompiled model is a plain Keras model again).
 """
 
 import dataclasses
+import functools
 
 import tensorflow as tf
 
+from tfsparse._framework_internal import count_steps
+from tfsparse._framework_internal import model_level_losses
 from tfsparse._keras import keras
+from tfsparse._validation import invalid_value as invalid
 from tfsparse.distribute import costs as _costs
 from tfsparse.distribute._executor import PipelineExecutor
 from tfsparse.distribute._executor import lent_rows
@@ -19,10 +25,32 @@ from tfsparse.distribute._inference import LocalInference
 from tfsparse.distribute._inference import activation_spec
 from tfsparse.distribute._inference import pipelined_forward
 from tfsparse.distribute._partitioned import build_runs
-from tfsparse.distribute._partitioned import partitionable
-from tfsparse.distribute._validation import invalid
 from tfsparse.distribute.stages import check_stages
 from tfsparse.distribute.stages import plan_stages
+from tfsparse.partition.shards import partitionable
+
+# The model methods that define its steps. The pipeline runs steps of its own
+# (the loss by ``compiled_loss`` per micro-batch, ``compiled_metrics``), so a
+# model that overrides one of them would have it bypassed: it is refused.
+STEP_METHODS = ("train_step", "test_step", "predict_step", "compute_loss",
+                "compute_metrics", "make_train_function", "make_test_function",
+                "make_predict_function")
+
+
+def check_attachable(model):
+    """Raises ``ValueError`` unless ``model`` is a compiled Keras model whose
+    steps are Keras's own (no override of ``STEP_METHODS``)."""
+    if not isinstance(model, keras.Model):
+        raise invalid("model", "a compiled tf_keras Model", type(model).__name__)
+    overridden = [name for name in STEP_METHODS
+                  if getattr(type(model), name) is not getattr(keras.Model, name)]
+    if overridden:
+        raise invalid("model", f"a model that does not override {', '.join(STEP_METHODS)} "
+                      "(the pipeline runs its own steps, which would bypass them)",
+                      f"{type(model).__name__} overriding {', '.join(overridden)}")
+    if getattr(model, "compiled_loss", None) is None:
+        raise invalid("model", "a compiled model (call model.compile, then "
+                      "strategy.attach(model))", model.name)
 
 
 class Binding:
@@ -31,6 +59,7 @@ class Binding:
     def __init__(self, strategy, model):
         self.strategy = strategy
         self.model = model
+        self._compile = None
         self._layers = None
         self._executors = {}
         self._windows = {}
@@ -40,18 +69,67 @@ class Binding:
         self._inference_transport = None
         self._inference_windows = {}
 
+    # ------------------------------------------------------------ attaching
+    def attach(self):
+        """Points the model's Keras functions at this pipeline (see the module)."""
+        model = self.model
+        previous = getattr(model, "pipeline", None)
+        if isinstance(previous, Binding):
+            previous.detach()
+        if model.built:
+            self.layers()  # fail early: not a chain, too many stages
+        compile_ = type(model).compile
+
+        @functools.wraps(compile_)
+        def compile_and_detach(*args, **kwargs):
+            self.detach()
+            return compile_(model, *args, **kwargs)
+
+        model.train_function = self.train_function
+        model.test_function = self.test_function
+        model.predict_function = self.predict_function
+        model.pipeline = self
+        model.compile = self._compile = compile_and_detach
+
+    @property
+    def attached(self):
+        """Whether the model still runs this pipeline (not compiled again since)."""
+        return (getattr(self.model, "pipeline", None) is self
+                and self.model.train_function == self.train_function)
+
+    def detach(self):
+        """Makes the model a plain Keras model again: Keras builds its own
+        functions at the next fit, evaluate or predict; the model loses
+        ``pipeline``, its ``compile`` attribute and the stages' optimizer
+        copies (``pipeline_optimizers``, no longer in its checkpoints)."""
+        model = self.model
+        for name in ("train_function", "test_function", "predict_function"):
+            if getattr(model, name, None) == getattr(self, name):
+                setattr(model, name, None)
+        if getattr(model, "pipeline", None) is self:
+            del model.pipeline
+            if "pipeline_optimizers" in vars(model):
+                # Deleting an attribute leaves Keras's checkpoint dependency
+                # on its value: pointed at an empty list, it saves nothing.
+                model.pipeline_optimizers = []
+                del model.pipeline_optimizers
+        if self._compile is not None and vars(model).get("compile") is self._compile:
+            del model.compile
+        self._compile = None
+
     # ------------------------------------------------------------ planning
     def layers(self):
         if self._layers is None:
-            if getattr(self.model, "_callable_losses", None):
+            model_losses = model_level_losses(self.model)
+            if model_losses:
                 # Each stage adds its own layers' losses; one added to the
                 # model as a whole belongs to no stage and would be lost.
-                raise ValueError(
-                    "PipelineStrategy adds the losses of the model's layers (their "
-                    "regularizers and add_loss calls) to the training loss, but not a "
-                    "loss added to the model itself. Received: a model with "
-                    f"{len(self.model._callable_losses)} model.add_loss loss(es); add it "
-                    "from a layer's call() or as a layer's regularizer instead.")
+                raise invalid(
+                    "model", "no loss added to the model itself (PipelineStrategy adds "
+                    "the losses of the model's layers, their regularizers and add_loss "
+                    "calls, to the training loss: add it from a layer's call() or as a "
+                    "layer's regularizer instead)",
+                    received=f"a model with {len(model_losses)} model.add_loss loss(es)")
             layers = _costs.chain_layers(self.model)
             stages = self.strategy.num_stages
             if stages > len(layers):
@@ -175,9 +253,6 @@ class Binding:
         return self._optimizers
 
     # ------------------------------------------------------------ training
-    def make_train_function(self, force=False):
-        return self.train_function
-
     def train_function(self, iterator):
         batches = self._next_window(iterator)
         rows = self.microbatch_rows(int(tf.nest.flatten(batches[0][0])[0].shape[0]))
@@ -288,39 +363,24 @@ class Binding:
                                             sum(int(x.shape[0]) for x, _, _ in batches), None),
             self.strategy.num_stages - 1, pending)
 
-    def test_step(self, data):
-        """Local stages: Keras's test function traces this step."""
-        return self.evaluate_window([keras.utils.unpack_x_y_sample_weight(data)])
-
-    def predict_step(self, data):
-        """Local stages: Keras's predict function traces this step."""
-        x, _, _ = keras.utils.unpack_x_y_sample_weight(data)
-        return self.predict_window([(x, None, None)])[0]
-
-    # Under Horovod the model's test and predict functions are these Python
-    # loops over a window's batches, each window one traced graph (as for
-    # training): Keras's own functions loop over ``steps_per_execution`` in a
-    # tf.while_loop, whose iterations would issue Horovod collectives of the
-    # same name, and a graph traced per window has static shapes, which the
-    # receiving process needs for its placeholders (the last batch is smaller).
-    def make_test_function(self, force=False):
-        return self.test_function
-
-    def make_predict_function(self, force=False):
-        return self.predict_function
-
+    # The model's test and predict functions are Python loops over a window's
+    # batches (``steps_per_execution``), each window one traced graph, as for
+    # training: Keras's own functions loop in a tf.while_loop, whose
+    # iterations would issue Horovod collectives of the same name, and a graph
+    # traced per window has static shapes, which a receiving process needs
+    # for its placeholders (the last batch is smaller).
     def test_function(self, iterator):
         batches = self._next_window(iterator)
         self._inference().prepare(self.model, batches)
         logs = dict(self._run_window("evaluate", self.evaluate_window, batches))
         logs.pop(SINK, None)  # see tfsparse.distribute._horovod
-        self.model._test_counter.assign_add(len(batches))
+        count_steps(self.model, "test", len(batches))
         return logs
 
     def predict_function(self, iterator):
         batches = self._next_window(iterator)
         outputs, _ = self._run_window("predict", self.predict_window, batches)
-        self.model._predict_counter.assign_add(len(batches))
+        count_steps(self.model, "predict", len(batches))
         return outputs
 
     def _run_window(self, kind, window, batches):

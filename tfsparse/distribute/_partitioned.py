@@ -1,10 +1,13 @@
 """A stage on a group of devices: its SparseDense layers row-partitioned over it.
 
 ``PipelineStrategy(devices=[["/gpu:0", "/gpu:1"], "/gpu:2"])`` gives stage
-0 two devices. Each maximal run of consecutive SparseDense layers of such a
-stage is partitioned with ``tfsparse.partition.partition_rows(kernels,
-k=len(group))``: device ``p`` owns the output neurons ``owners[l][j] == p``
-of every layer of the run and holds their fan-in weights and biases. In the
+0 two devices. Each run of consecutive SparseDense layers of such a stage
+that can be partitioned (the rule of ``tfsparse.partition.shards``, shared
+with ``tfsparse.partition.distribute``; a layer with a non-element-wise
+activation such as softmax ends a run) is partitioned with
+``tfsparse.partition.partition_rows(kernels, k=len(group))``: device ``p``
+owns the output neurons ``owners[l][j] == p`` of every layer of the run and
+holds their fan-in weights and biases (its ``LayerShard``s). In the
 forward pass device ``p`` computes only its neurons, from the inputs they
 reference: for the run's first layer those entries of the stage's input (on
 the group's first device, where the previous stage's activation arrives);
@@ -13,7 +16,8 @@ device ``q``, the entries of ``q``'s outputs its neurons reference and it
 does not own, in the order of ``tfsparse.partition.plan.layer_plan``. So
 the words moved per sample before a later layer are exactly the
 partition's ``send[l].sum()``. The run's output is assembled on the first
-device. The backward pass is the transposed exchange, written out per
+device, which applies the last layer's activation there when it is not
+element-wise. The backward pass is the transposed exchange, written out per
 device (each device differentiates its own neurons with its own tape, so
 every gradient op runs where its data is): activation gradients go back to
 the owners of the inputs, where they are summed; weight gradients stay on
@@ -45,40 +49,24 @@ the weights ``get_weights`` shows, with nothing to keep in sync.
 import logging
 
 import numpy as np
-import scipy.sparse
 import tensorflow as tf
 
-from tfsparse.distribute._validation import invalid
+from tfsparse._validation import invalid_value as invalid
 from tfsparse.layers import SparseDense
-from tfsparse.ops import SparsityPattern
-from tfsparse.ops import sparse_matmul
 from tfsparse.partition import METHODS
 from tfsparse.partition import Partition
 from tfsparse.partition import partition_rows
-from tfsparse.partition.plan import layer_plan
+from tfsparse.partition.shards import assemble
+from tfsparse.partition.shards import ends_run
+from tfsparse.partition.shards import finish_outputs
+from tfsparse.partition.shards import kernel_structure
+from tfsparse.partition.shards import layer_shard
+from tfsparse.partition.shards import shard_outputs
+from tfsparse.partition.shards import shard_weights
+from tfsparse.partition.shards import unpartitionable_reason
 
-_UNSUPPORTED = ("kernel_regularizer", "bias_regularizer", "activity_regularizer",
-                "kernel_constraint", "bias_constraint")
-# Keras activations that act on each neuron alone (softmax does not).
-_ELEMENTWISE = frozenset(("linear", "relu", "relu6", "tanh", "sigmoid", "elu", "selu",
-                          "softplus", "softsign", "swish", "gelu", "exponential",
-                          "hard_sigmoid", "mish"))
 DEFAULT_METHOD = "hypergraph"
 _logger = logging.getLogger("tfsparse")
-
-
-def partitionable(layer):
-    """Whether a stage on a group of devices partitions ``layer``.
-
-    SparseDense layers on 2-D inputs ``(batch, features)`` with a Keras
-    activation that acts on every neuron alone (not softmax) and without
-    regularizers or constraints (those act on the whole variable, which the
-    shards stand in for during a window).
-    """
-    return (isinstance(layer, SparseDense)
-            and getattr(layer, "_input_rank", 2) == 2
-            and getattr(layer.activation, "__name__", None) in _ELEMENTWISE
-            and all(getattr(layer, name, None) is None for name in _UNSUPPORTED))
 
 
 def check_partition_argument(partition, device_groups):
@@ -125,7 +113,9 @@ def check_partition_argument(partition, device_groups):
 
 
 def find_runs(layers, stages, device_groups, devices_received, only_stage=None):
-    """Per grouped stage the maximal runs of consecutive partitionable layers.
+    """Per grouped stage the runs of consecutive partitionable layers: maximal,
+    except that a layer with a non-element-wise activation ends its run (its
+    activation is applied to the run's assembled output).
 
     Args:
       only_stage: None, or the one stage to look at (a Horovod process runs
@@ -146,15 +136,15 @@ def find_runs(layers, stages, device_groups, devices_received, only_stage=None):
             continue
         found, current = [], []
         for index in group:
-            if partitionable(layers[index]):
+            reason = unpartitionable_reason(layers[index])
+            if reason is None:
                 current.append(index)
-                continue
-            if isinstance(layers[index], SparseDense):
+                if not ends_run(layers[index]):
+                    continue
+            elif isinstance(layers[index], SparseDense):
                 _logger.warning(
-                    "tfsparse: SparseDense layer %r of stage %d runs unpartitioned on %s: "
-                    "only layers on 2-D inputs with an elementwise activation and no "
-                    "regularizers or constraints are partitioned over a group of devices.",
-                    layers[index].name, s, devices[0])
+                    "tfsparse: SparseDense layer %r of stage %d runs unpartitioned on %s: %s.",
+                    layers[index].name, s, devices[0], reason)
             if current:
                 found.append(tuple(current))
                 current = []
@@ -163,8 +153,8 @@ def find_runs(layers, stages, device_groups, devices_received, only_stage=None):
         if not found and only_stage is None:
             names = ", ".join(layers[i].name for i in group) or "no layer"
             raise invalid("devices", "a group of devices only for a stage with SparseDense "
-                          "layers to partition (an elementwise activation, no regularizers "
-                          f"or constraints); stage {s} has {names}", devices_received)
+                          "layers to partition (on 2-D inputs, without regularizers or "
+                          f"constraints); stage {s} has {names}", devices_received)
         runs += [(s, run) for run in found]
     return runs
 
@@ -177,7 +167,7 @@ def run_partitions(runs, layers, entries, devices_received, device_groups):
     result = []
     for stage, run in runs:
         entry, k = entries[stage], len(device_groups[stage])
-        kernels = [numbered_kernel(layers[i]) for i in run]
+        kernels = [kernel_structure(layers[i]) for i in run]
         sizes = [kernels[0].shape[0]] + [kernel.shape[1] for kernel in kernels]
         if k > min(sizes):
             raise invalid("devices", f"groups of at most as many devices as the smallest "
@@ -218,19 +208,6 @@ def build_runs(layers, stages, strategy):
             for (stage, run), part in zip(found, parts)]
 
 
-def numbered_kernel(layer):
-    """The layer's pattern as CSC, each entry's value its index in ``values`` + 1."""
-    pattern = layer.pattern
-    return scipy.sparse.csc_matrix(
-        (np.arange(1, pattern.nnz + 1, dtype=np.float64), (pattern.rows, pattern.cols)),
-        shape=pattern.shape)
-
-
-def _local_pattern(kernel):
-    cols = np.repeat(np.arange(kernel.shape[1]), np.diff(kernel.indptr))
-    return SparsityPattern(kernel.indices, cols, kernel.shape)
-
-
 def _scatter_columns(pieces, columns, width):
     """Sums the columns of ``pieces`` into ``width`` columns at ``columns``."""
     joined = tf.concat(pieces, axis=1) if len(pieces) > 1 else pieces[0]
@@ -243,10 +220,14 @@ class PartitionedLayers:
 
     Stands in the executor's stage for the layers it replaces: ``record``
     runs the forward of one micro-batch, ``trainable_variables`` are the
-    shards, ``load``/``store`` copy the layers' variables to and from them.
+    shards' variables, ``load``/``store`` copy the layers' variables to and
+    from them. Each device computes its ``LayerShard`` of every layer
+    (``tfsparse.partition.shards``); the last layer's activation, when it is
+    not element-wise, is applied to the assembled output on the first device.
 
     Args:
-      layers: the SparseDense layers (built), in order.
+      layers: the SparseDense layers (built), in order; only the last may
+        have a non-element-wise activation.
       devices: the group's device names; the first one holds the input and
         output of the run and runs the stage's other layers.
       partition: a ``Partition`` of the layers into ``len(devices)`` parts.
@@ -256,36 +237,32 @@ class PartitionedLayers:
     def __init__(self, layers, devices, partition, stage, indices):
         self.layers, self.devices = list(layers), list(devices)
         self.partition, self.stage, self.indices = partition, stage, tuple(indices)
-        k = len(self.devices)
-        kernels = [numbered_kernel(layer) for layer in self.layers]
-        owners = partition.owners
-        self.plans = [[layer_plan(kernel, owners[l], owners[l + 1], p, k) for p in range(k)]
-                      for l, kernel in enumerate(kernels)]
+        for layer in self.layers[:-1]:
+            if ends_run(layer):
+                raise invalid("layers", "a non-element-wise activation only in the last "
+                              "layer of a partitioned run", layer.name)
+        k, owners = len(self.devices), partition.owners
+        self.shards = [[layer_shard(layer, owners[l], owners[l + 1], p, k) for p in range(k)]
+                       for l, layer in enumerate(self.layers)]
+        self.plans = [[shard.plan for shard in shards] for shards in self.shards]
         for l, plans in enumerate(self.plans):
             for p, plan in enumerate(plans):
                 if plan.owned_outputs.size == 0 or plan.kernel.nnz == 0:
                     raise invalid("partition", "every device of a group to own neurons "
                                   f"with weights in every layer (device {self.devices[p]} "
                                   f"has none in {self.layers[l].name})", partition)
-        self._patterns = [[_local_pattern(plan.kernel) for plan in plans]
-                          for plans in self.plans]
-        self._value_index = [[plan.kernel.data.astype(np.int64) - 1 for plan in plans]
-                             for plans in self.plans]
-        self._value_order = [np.argsort(np.concatenate(index)) for index in self._value_index]
-        self._output_order = [np.argsort(np.concatenate([p.owned_outputs for p in plans]))
-                              for plans in self.plans]
+        self._output_order = np.argsort(np.concatenate(
+            [plan.owned_outputs for plan in self.plans[-1]]))
         self.values, self.biases, self._device_of = [], [], {}
         with tf.init_scope():
-            for layer, plans, index in zip(self.layers, self.plans, self._value_index):
+            for layer, shards in zip(self.layers, self.shards):
                 values, biases = [], []
-                for p, (device, plan) in enumerate(zip(self.devices, plans)):
+                for p, (device, shard) in enumerate(zip(self.devices, shards)):
+                    value, bias = shard_weights(layer, shard)
                     with tf.device(device):
-                        values.append(tf.Variable(
-                            tf.gather(layer.values, index[p]),
-                            name=f"{layer.name}_values_part{p}"))
-                        biases.append(None if layer.bias is None else tf.Variable(
-                            tf.gather(layer.bias, plan.owned_outputs),
-                            name=f"{layer.name}_bias_part{p}"))
+                        values.append(tf.Variable(value, name=f"{layer.name}_values_part{p}"))
+                        biases.append(None if bias is None else tf.Variable(
+                            bias, name=f"{layer.name}_bias_part{p}"))
                     for variable in (values[-1], biases[-1]):
                         if variable is not None:
                             self._device_of[variable.ref()] = device
@@ -321,45 +298,57 @@ class PartitionedLayers:
         return entry, exchanges, exit_words
 
     # ------------------------------------------------------------- weights
+    def _device_weights(self):
+        """Per layer, per device: the device's ``(values, bias)`` read from the
+        layer's variables (on their device)."""
+        result = []
+        for layer, shards in zip(self.layers, self.shards):
+            with tf.device(layer.values.device):
+                result.append([shard_weights(layer, shard) for shard in shards])
+        return result
+
     def load(self):
         """Copies the layers' variables into the shards; returns the op."""
         ops = []
-        for layer, plans, values, biases, index in zip(
-                self.layers, self.plans, self.values, self.biases, self._value_index):
+        for weights, values, biases in zip(self._device_weights(), self.values, self.biases):
             for p, device in enumerate(self.devices):
-                with tf.device(layer.values.device):
-                    part = tf.gather(layer.values, index[p])
-                    bias = (None if biases[p] is None
-                            else tf.gather(layer.bias, plans[p].owned_outputs))
                 with tf.device(device):
-                    ops.append(values[p].assign(part))
-                    if bias is not None:
-                        ops.append(biases[p].assign(bias))
+                    ops.append(values[p].assign(weights[p][0]))
+                    if biases[p] is not None:
+                        ops.append(biases[p].assign(weights[p][1]))
         return tf.group(*ops)
 
     def store(self):
         """Copies the shards back into the layers' variables; returns the op."""
         ops = []
         for l, layer in enumerate(self.layers):
-            parts, biases = [], []
+            plans = self.plans[l]
+            values, biases = [], []
             for p, device in enumerate(self.devices):
                 with tf.device(device):
-                    parts.append(self.values[l][p].read_value())
+                    values.append(self.values[l][p].read_value())
                     if self.biases[l][p] is not None:
                         biases.append(self.biases[l][p].read_value())
             with tf.device(layer.values.device):
-                ops.append(layer.values.assign(
-                    tf.gather(tf.concat(parts, axis=0), self._value_order[l])))
+                ops.append(layer.values.assign(assemble(
+                    values, [plan.positions for plan in plans], layer.nnz)))
                 if biases:
-                    ops.append(layer.bias.assign(
-                        tf.gather(tf.concat(biases, axis=0), self._output_order[l])))
+                    ops.append(layer.bias.assign(assemble(
+                        biases, [plan.owned_outputs for plan in plans], layer.units)))
         return tf.group(*ops)
 
     # ------------------------------------------------------------- forward
     def record(self, inputs):
         """The run's forward on one micro-batch; returns a ``PartitionedRecord``."""
-        outputs, steps = self._forward(inputs, self._compute)
-        return PartitionedRecord(self, inputs, outputs, steps)
+        assembled, steps = self._forward(inputs, self._compute)
+        last = self.layers[-1]
+        if not ends_run(last):
+            return PartitionedRecord(self, inputs, assembled, steps)
+        with tf.name_scope("partitioned_output"), tf.device(self.devices[0]):
+            with tf.GradientTape() as tape:
+                tape.watch(assembled)
+                outputs = finish_outputs(assembled, last.activation)
+        return PartitionedRecord(self, inputs, outputs, steps, finish=(tape, assembled))
 
     def inference_weights(self):
         """The layers' current weights cut by device, for ``infer``.
@@ -372,13 +361,9 @@ class PartitionedLayers:
           words moved per layer, once per call.
         """
         result = []
-        for layer, plans, index in zip(self.layers, self.plans, self._value_index):
+        for weights in self._device_weights():
             per_device = []
-            for p, device in enumerate(self.devices):
-                with tf.device(layer.values.device):
-                    values = tf.gather(layer.values, index[p])
-                    bias = (None if layer.bias is None
-                            else tf.gather(layer.bias, plans[p].owned_outputs))
+            for device, (values, bias) in zip(self.devices, weights):
                 with tf.device(device):
                     per_device.append((tf.identity(values),
                                        None if bias is None else tf.identity(bias)))
@@ -396,16 +381,18 @@ class PartitionedLayers:
             values, bias = weights[l][p]
             return (self._apply(l, p, local, values, bias),)
 
-        outputs, _ = self._forward(inputs, compute)
-        return outputs
+        assembled, _ = self._forward(inputs, compute)
+        with tf.name_scope("partitioned_output"), tf.device(self.devices[0]):
+            return finish_outputs(assembled, self.layers[-1].activation)
 
     def _forward(self, inputs, compute):
         """Runs ``compute(l, p, local input)`` (a tuple ending with the
         outputs) per layer and device, moving the entries each needs.
 
         Returns:
-          The run's outputs on the first device, and per layer, per device,
-          what ``compute`` returned.
+          The run's outputs before a non-element-wise last activation, on
+          the first device, and per layer, per device, what ``compute``
+          returned.
         """
         primary, k = self.devices[0], len(self.devices)
         dtype = self.layers[0].compute_dtype
@@ -434,7 +421,7 @@ class PartitionedLayers:
             owned = [found[-1] for found in step]
             steps.append(step)
         with tf.name_scope("partitioned_output"), tf.device(primary):
-            outputs = tf.gather(tf.concat(owned, axis=1), self._output_order[-1], axis=1)
+            outputs = tf.gather(tf.concat(owned, axis=1), self._output_order, axis=1)
         return outputs, steps
 
     def _compute(self, l, p, local):
@@ -445,12 +432,8 @@ class PartitionedLayers:
 
     def _apply(self, l, p, local, values, bias):
         """Device ``p``'s neurons of layer ``l`` on its local input."""
-        layer, dtype = self.layers[l], local.dtype
-        outputs = sparse_matmul(local, tf.cast(values, dtype), self._patterns[l][p],
-                                bias=None if bias is None else tf.cast(bias, dtype))
-        if layer.activation is not None:
-            outputs = layer.activation(outputs)
-        return outputs
+        return shard_outputs(self.shards[l][p], local, values, bias,
+                             self.layers[l].activation)
 
 
 class PartitionedRecord:
@@ -458,15 +441,18 @@ class PartitionedRecord:
 
     ``upstream`` (the gradient at the run's output, on the first device) is
     set by the executor before ``input_gradient`` or ``weight_gradient``.
+    ``finish``: for a last activation applied to the assembled output, the
+    tape that recorded it and the output before it.
     """
 
     penalty = None
     split = False
 
-    def __init__(self, layer, inputs, outputs, steps):
+    def __init__(self, layer, inputs, outputs, steps, finish=None):
         self.layer, self.inputs, self.outputs = layer, inputs, outputs
         self.upstream = None
         self._steps = steps  # per layer, per device: (tape, local input, outputs)
+        self._finish = finish
         self._upstreams = None
 
     def _output_gradients(self):
@@ -478,7 +464,12 @@ class PartitionedRecord:
         upstreams = [None] * (last + 1)
         with tf.name_scope("partitioned_output_backward"):
             with tf.device(run.devices[0]):
-                parts = [tf.gather(self.upstream, plan.owned_outputs, axis=1)
+                upstream = self.upstream
+                if self._finish is not None:
+                    tape, assembled = self._finish
+                    upstream = tape.gradient(self.outputs, assembled,
+                                             output_gradients=upstream)
+                parts = [tf.gather(upstream, plan.owned_outputs, axis=1)
                          for plan in run.plans[last]]
             upstreams[last] = []
             for device, part in zip(run.devices, parts):

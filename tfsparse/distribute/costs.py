@@ -12,8 +12,8 @@ import numpy as np
 import tensorflow as tf
 
 from tfsparse._keras import keras
-from tfsparse.distribute._validation import check_positive_int
-from tfsparse.distribute._validation import invalid
+from tfsparse._validation import check_positive_int
+from tfsparse._validation import invalid_value as invalid
 from tfsparse.layers import SparseDense
 
 _ROW_WISE = (keras.layers.Dense, SparseDense, keras.layers.Activation,

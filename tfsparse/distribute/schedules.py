@@ -60,9 +60,9 @@ import collections
 import dataclasses
 import math
 
-from tfsparse.distribute._validation import check_choice
-from tfsparse.distribute._validation import check_positive_int
-from tfsparse.distribute._validation import invalid
+from tfsparse._validation import check_choice
+from tfsparse._validation import check_positive_int
+from tfsparse._validation import invalid_value as invalid
 
 SCHEDULES = ("gpipe", "1f1b", "pipedream", "layerpipe", "async")
 

@@ -9,8 +9,8 @@ as-soon-as-possible timing of exactly the order the strategy executes.
 
 import dataclasses
 
+from tfsparse._validation import invalid_value as invalid
 from tfsparse.distribute import schedules as _schedules
-from tfsparse.distribute._validation import invalid
 from tfsparse.distribute.stages import StagePlan
 from tfsparse.distribute.stages import check_costs
 from tfsparse.distribute.stages import plan_stages

@@ -26,8 +26,8 @@ stage.
 
 import dataclasses
 
-from tfsparse.distribute._validation import check_positive_int
-from tfsparse.distribute._validation import invalid
+from tfsparse._validation import check_positive_int
+from tfsparse._validation import invalid_value as invalid
 
 _BISECTION_STEPS = 100
 

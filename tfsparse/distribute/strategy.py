@@ -4,24 +4,24 @@ TensorFlow has no pipeline strategy, and ``tf.distribute.Strategy``'s
 contract is data-parallel (``run`` a replica function, ``reduce`` across
 replicas), which a pipeline of different stages does not fit. So, as
 Graphcore's IPU Keras did, ``PipelineStrategy`` takes over the step instead:
-models compiled inside ``strategy.scope()`` get a train function that runs
-the schedule's action lists (``tfsparse.distribute.schedule``) over their
-stages' devices, and test/predict steps that pipeline the forward pass.
-Everything else (callbacks, metrics, ``model.save``) is plain Keras.
+``strategy.attach(model)``, after ``model.compile``, gives that model a train
+function that runs the schedule's action lists
+(``tfsparse.distribute.schedule``) over its stages' devices, and test and
+predict functions that pipeline the forward pass. Everything else
+(callbacks, metrics, ``model.save``) is plain Keras; compiling the model
+again makes it a plain Keras model.
 """
-
-import contextlib
-import functools
 
 import tensorflow as tf
 
 from tfsparse._keras import keras
+from tfsparse._validation import check_choice
+from tfsparse._validation import check_positive_int
+from tfsparse._validation import invalid_value as invalid
 from tfsparse.distribute._binding import Binding
+from tfsparse.distribute._binding import check_attachable
 from tfsparse.distribute._partitioned import DEFAULT_METHOD
 from tfsparse.distribute._partitioned import check_partition_argument
-from tfsparse.distribute._validation import check_choice
-from tfsparse.distribute._validation import check_positive_int
-from tfsparse.distribute._validation import invalid
 from tfsparse.distribute.schedules import SCHEDULES
 from tfsparse.distribute.simulator import simulate as _simulate
 from tfsparse.distribute.stages import check_costs
@@ -54,10 +54,13 @@ class PipelineStrategy:
     each device computes only the output neurons it owns, forward and
     backward, from the input entries they reference, received from the
     devices that own them (per later layer exactly the partition's volume);
-    weight gradients and updates stay on each neuron's device. The stage's
-    other layers (and SparseDense layers with a softmax or custom
-    activation, regularizers or constraints) run on the group's first
-    device. Gradients are exact: ``"gpipe"`` with a partitioned stage
+    weight gradients and updates stay on each neuron's device. A
+    SparseDense layer with a non-element-wise activation (softmax, a custom
+    function) ends its run: the activation is applied to the run's output,
+    assembled on the group's first device. The stage's other layers (and
+    SparseDense layers with regularizers or constraints, which are not
+    partitioned: see ``tfsparse.partition.shards``) run on the group's
+    first device. Gradients are exact: ``"gpipe"`` with a partitioned stage
     equals it without. The layers keep their Keras variables (``save``,
     checkpoints, ``evaluate`` and ``predict`` see one ordinary model);
     each device trains copies of its neurons' weights, gathered from them
@@ -118,9 +121,9 @@ class PipelineStrategy:
       >>> from tfsparse._keras import keras
       >>> strategy = PipelineStrategy(devices=["/cpu:0"], num_microbatches=2,
       ...                             schedule="gpipe")
-      >>> with strategy.scope():
-      ...     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
-      ...     model.compile("sgd", "mse")
+      >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+      >>> model.compile("sgd", "mse")
+      >>> model = strategy.attach(model)
       >>> history = model.fit(np.ones((8, 4)), np.zeros((8, 2)), batch_size=4,
       ...                     verbose=0)
 
@@ -131,13 +134,13 @@ class PipelineStrategy:
       >>> strategy = PipelineStrategy(devices=[["/cpu:0", "/cpu:1"], "/cpu:0"],
       ...                             num_microbatches=2, schedule="gpipe",
       ...                             stages=[[0, 1], [2]])  # doctest: +SKIP
-      >>> with strategy.scope():  # doctest: +SKIP
-      ...     model = keras.Sequential([
-      ...         keras.Input((32,)),
-      ...         tfsparse.SparseDense(64, density=0.1, activation="relu"),
-      ...         tfsparse.SparseDense(64, density=0.1, activation="relu"),
-      ...         keras.layers.Dense(10)])
-      ...     model.compile("sgd", "mse")
+      >>> model = keras.Sequential([
+      ...     keras.Input((32,)),
+      ...     tfsparse.SparseDense(64, density=0.1, activation="relu"),
+      ...     tfsparse.SparseDense(64, density=0.1, activation="relu"),
+      ...     keras.layers.Dense(10)])
+      >>> model.compile("sgd", "mse")
+      >>> model = strategy.attach(model)  # doctest: +SKIP
     """
 
     def __init__(self, devices=None, num_microbatches=8, schedule="layerpipe",
@@ -172,56 +175,55 @@ class PipelineStrategy:
             # from process to process, so all use rank 0's.
             self.costs = self._horovod.broadcast_object(
                 self.costs, root_rank=0, name="pipeline_costs")
-        self._in_scope = False
 
     @property
     def num_stages(self):
         return len(self.devices)
 
-    @contextlib.contextmanager
-    def scope(self):
-        """Models compiled inside this context are trained as a pipeline."""
-        if self._in_scope:
-            raise RuntimeError("PipelineStrategy.scope() is already active.")
-        original = keras.Model.compile
-        strategy = self
+    def attach(self, model):
+        """Makes ``model``'s ``fit``, ``evaluate`` and ``predict`` run this pipeline.
 
-        @functools.wraps(original)
-        def compile_and_attach(model, *args, **kwargs):
-            original(model, *args, **kwargs)
-            strategy._attach(model)
+        Call it after ``model.compile``. It sets, on this model only, the
+        train, test and predict functions Keras keeps between two
+        ``compile`` calls, and ``model.pipeline`` (the plan, the stages'
+        optimizers, ``partitions()``). No class is changed: other models,
+        in this thread or another, are untouched. Compiling the model again
+        detaches it: it then trains as a plain Keras model (attach it again
+        to pipeline it), and its checkpoints no longer hold the stages'
+        optimizer copies.
 
-        self._in_scope = True
-        keras.Model.compile = compile_and_attach
-        try:
-            yield self
-        finally:
-            keras.Model.compile = original
-            self._in_scope = False
+        Args:
+          model: a compiled tf_keras model whose layers form a chain
+            (Sequential, or functional with each layer consuming the
+            previous one's output). A model that overrides ``train_step``,
+            ``test_step``, ``predict_step``, ``compute_loss``,
+            ``compute_metrics`` or a ``make_*_function`` method is refused:
+            the pipeline runs steps of its own, which would bypass them.
 
-    def _attach(self, model):
+        Returns:
+          ``model``.
+
+        Raises:
+          ValueError: for a model that is not compiled, overrides a step,
+            uses loss scaling (``"mixed_float16"``), adds a loss to the
+            model itself, or (when built) is not a chain of at least as
+            many layers as there are stages.
+        """
+        check_attachable(model)
         if isinstance(model.optimizer, keras.mixed_precision.LossScaleOptimizer):
             # Loss scaling would need one dynamic scale agreed on by every
             # stage (and process); the stages' own optimizer copies cannot.
             raise invalid("optimizer", 'an optimizer without loss scaling: PipelineStrategy '
                           'does not scale losses; use the "mixed_bfloat16" policy (which '
                           'needs no loss scaling) or float32', model.optimizer)
-        binding = Binding(self, model)
-        if model.built:
-            binding.layers()  # fail early: not a chain, too many stages
-        model.make_train_function = binding.make_train_function
-        model.test_step = binding.test_step
-        model.predict_step = binding.predict_step
-        if self._horovod is not None:  # window loops, see Binding.make_test_function
-            model.make_test_function = binding.make_test_function
-            model.make_predict_function = binding.make_predict_function
-        model.pipeline = binding
+        Binding(self, model).attach()
+        return model
 
     def simulate(self, model, batch_size, steps=1, costs=None, **kwargs):
         """The simulator's prediction of this strategy training ``model``.
 
         Args:
-          model: a model compiled in this strategy's scope.
+          model: a model attached to this strategy.
           batch_size: the mini-batch size.
           steps: mini-batches (the graph's window, ``steps_per_execution``).
           costs: per-layer costs for one micro-batch (default: the strategy's
@@ -232,8 +234,10 @@ class PipelineStrategy:
           A ``SimulationResult`` of the exact plan the pipeline executes.
         """
         binding = getattr(model, "pipeline", None)
-        if not isinstance(binding, Binding):
-            raise invalid("model", "a model compiled inside strategy.scope()",
+        if not isinstance(binding, Binding) or binding.strategy is not self \
+                or not binding.attached:
+            raise invalid("model", "a model attached to this strategy "
+                          "(strategy.attach(model) after model.compile)",
                           getattr(model, "name", model))
         rows = binding.microbatch_rows(batch_size)
         plan = binding.plan(rows)

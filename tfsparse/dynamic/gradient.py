@@ -10,6 +10,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfsparse._keras import keras
+from tfsparse._validation import invalid_value
 from tfsparse.dynamic.selection import RunningTopK
 
 DEFAULT_BLOCK_ELEMENTS = 1 << 23  # 32 MiB of float32 scores per block
@@ -55,10 +56,9 @@ def layer_gradients(model, layers, x, y, loss=None):
 def _compiled_loss(model):
     loss = getattr(model, "loss", None)
     if loss is None or isinstance(loss, (dict, list, tuple)):
-        raise ValueError(
-            'Received an invalid value for "loss", expected a loss for RigL\'s grow '
-            "gradient: compile the model with one loss, or pass loss= to the callback. "
-            f"Received: loss={loss!r}")
+        raise invalid_value(
+            "loss", "a loss for RigL's grow gradient: compile the model with one loss, "
+            "or pass loss= to the callback", loss)
     return loss
 
 

@@ -5,6 +5,8 @@ import numbers
 
 import numpy as np
 
+from tfsparse._validation import invalid_value
+
 DECAYS = ("cosine", "constant", "linear")
 DISTRIBUTIONS = ("erk", "er", "uniform")
 
@@ -31,8 +33,7 @@ def drop_fraction_at(step, drop_fraction, end_step, decay="cosine"):
       (0.3, 0.15)
     """
     if decay not in DECAYS:
-        raise ValueError(f'Received an invalid value for "decay", expected one of '
-                         f"{DECAYS}. Received: decay={decay!r}")
+        raise invalid_value("decay", f"one of {DECAYS}", decay)
     if step >= end_step:
         return 0.0
     progress = step / end_step
@@ -67,11 +68,9 @@ def erk_densities(shapes, density, distribution="erk"):
       [0.089, 1.0]
     """
     if not isinstance(density, numbers.Real) or not 0 < density <= 1:
-        raise ValueError('Received an invalid value for "density", expected a float in '
-                         f"(0, 1]. Received: density={density!r}")
+        raise invalid_value("density", "a float in (0, 1]", density)
     if distribution not in DISTRIBUTIONS:
-        raise ValueError('Received an invalid value for "distribution", expected one of '
-                         f"{DISTRIBUTIONS}. Received: distribution={distribution!r}")
+        raise invalid_value("distribution", f"one of {DISTRIBUTIONS}", distribution)
     sizes = np.array([float(np.prod(shape)) for shape in shapes])
     if distribution == "uniform":
         return [float(density)] * len(sizes)

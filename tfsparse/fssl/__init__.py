@@ -1,4 +1,16 @@
-"""FSSL structure surgery: remove the neurons group lasso zeroed, and report it."""
+"""FSSL structure surgery: remove the neurons group lasso zeroed, and report it.
+
+Example:
+  >>> from tfsparse._keras import keras
+  >>> from tfsparse.fssl import compact
+  >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3),
+  ...                           keras.layers.Dense(2)])
+  >>> kernel, bias = model.layers[0].get_weights()
+  >>> kernel[:, 1] = 0.0  # neuron 1 of the first layer takes no input: removable
+  >>> model.layers[0].set_weights([kernel, bias])
+  >>> [layer.units for layer in compact(model).layers]
+  [2, 2]
+"""
 
 from tfsparse.fssl.compact import DEFAULT_DENSE_THRESHOLD
 from tfsparse.fssl.compact import LayerPlan

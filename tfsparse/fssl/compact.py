@@ -14,6 +14,7 @@ import scipy.sparse
 from tfsparse._keras import keras
 import tensorflow as tf  # noqa: E402  (after tfsparse._keras selects Keras 2)
 
+from tfsparse._validation import invalid_value  # noqa: E402
 from tfsparse.fssl._layers import is_fully_connected  # noqa: E402
 from tfsparse.fssl.gather_inputs import GatherInputs  # noqa: E402
 from tfsparse.layers import SparseDense  # noqa: E402
@@ -72,26 +73,23 @@ _UNITWISE_LAYERS = (
 
 
 def _unsupported(layer, reason):
-    return ValueError(
-        "compact supports Sequential chains of Dense and SparseDense layers, with "
-        "Flatten before the first of them and Dropout or elementwise activation "
-        "layers (Activation, ReLU, LeakyReLU, ELU) after them. Received: layer "
-        f"{layer.name!r} of type {type(layer).__name__} ({reason})"
+    return invalid_value(
+        "model", "a Sequential chain of Dense and SparseDense layers, with Flatten "
+        "before the first of them and Dropout or elementwise activation layers "
+        "(Activation, ReLU, LeakyReLU, ELU) after them",
+        received=f"layer {layer.name!r} of type {type(layer).__name__} ({reason})",
     )
 
 
 def _chain(model):
     """Splits a Sequential model into (Flatten or None, [fc and unit-wise layers])."""
     if not isinstance(model, keras.Sequential):
-        raise ValueError(
-            'Received an invalid value for "model", expected a built tf_keras '
-            f"Sequential model. Received: model of type {type(model).__name__}"
-        )
+        raise invalid_value("model", "a built tf_keras Sequential model",
+                            received=f"model of type {type(model).__name__}")
     if not model.built:
-        raise ValueError(
-            'Received an invalid value for "model", expected a built tf_keras '
-            "Sequential model (give it an Input or call it once). Received: "
-            f"the unbuilt model {model.name!r}"
+        raise invalid_value(
+            "model", "a built tf_keras Sequential model (give it an Input or call it once)",
+            received=f"the unbuilt model {model.name!r}",
         )
     flatten, chain = None, []
     for layer in model.layers:
@@ -108,10 +106,8 @@ def _chain(model):
         else:
             raise _unsupported(layer, "not supported")
     if not chain:
-        raise ValueError(
-            'Received an invalid value for "model", expected at least one Dense or '
-            f"SparseDense layer. Received: model {model.name!r} without one"
-        )
+        raise invalid_value("model", "at least one Dense or SparseDense layer",
+                            received=f"model {model.name!r} without one")
     return flatten, chain
 
 
@@ -259,10 +255,7 @@ def _everything_removed(layer):
 
 def _check_threshold(dense_threshold):
     if not isinstance(dense_threshold, (int, float)) or not 0 <= dense_threshold <= 1:
-        raise ValueError(
-            'Received an invalid value for "dense_threshold", expected a float in '
-            f"[0, 1]. Received: dense_threshold={dense_threshold!r}"
-        )
+        raise invalid_value("dense_threshold", "a float in [0, 1]", dense_threshold)
 
 
 def kept_inputs(model):

@@ -6,6 +6,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfsparse._keras import keras
+from tfsparse._validation import invalid_value
 from tfsparse.ops import SparsityPattern
 from tfsparse.ops import sparse_matmul
 from tfsparse.ops.sddmm import use_compiled_kernels
@@ -49,9 +50,9 @@ class GatherInputs(keras.layers.Layer):
             or array.min() < 0
             or np.unique(array).size != array.size
         ):
-            raise ValueError(
-                'Received an invalid value for "indices", expected a non-empty 1-D '
-                f"sequence of distinct non-negative integers. Received: indices={indices!r}"
+            raise invalid_value(
+                "indices", "a non-empty 1-D sequence of distinct non-negative integers",
+                indices,
             )
         self.indices = [int(i) for i in array]
         self._selection = None
@@ -59,9 +60,9 @@ class GatherInputs(keras.layers.Layer):
     def build(self, input_shape):
         input_dim = tf.TensorShape(input_shape)[-1]
         if input_dim is not None and max(self.indices) >= input_dim:
-            raise ValueError(
-                'Received an invalid value for "indices", expected indices below the '
-                f"input dimension {input_dim}. Received: max index {max(self.indices)}"
+            raise invalid_value(
+                "indices", f"indices below the input dimension {input_dim}",
+                received=f"max index {max(self.indices)}",
             )
         if input_dim is not None:
             # Column j of S holds its one nonzero at row indices[j]: sorted by column.

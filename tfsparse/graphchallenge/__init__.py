@@ -4,6 +4,12 @@
 network and MNIST-derived inputs (or reads the official files with
 ``--data DIR``), runs tfsparse and a SciPy CSR baseline, checks the
 categories and prints edges per second.
+
+Example:
+  >>> from tfsparse.graphchallenge import count_edges, radixnet
+  >>> weights = radixnet(1024, 3)
+  >>> count_edges(weights)
+  98304
 """
 
 from tfsparse.graphchallenge.features import mnist_features

@@ -21,6 +21,7 @@ import numpy as np
 import scipy.ndimage
 import scipy.sparse
 
+from tfsparse._validation import invalid_value
 from tfsparse.data import load_mnist_sample
 
 _CHUNK = 500  # images resized at once, to bound memory for large N
@@ -50,19 +51,17 @@ def mnist_features(neurons, num_inputs=None, threshold=32.0):
     """
     side = math.isqrt(neurons) if isinstance(neurons, (int, np.integer)) and neurons > 0 else 0
     if isinstance(neurons, bool) or side < 2 or side * side != neurons:
-        raise ValueError(
-            'Received an invalid value for "neurons", expected a perfect square of at '
-            f"least 4 (images are sqrt(N) x sqrt(N)). Received: neurons={neurons!r}"
+        raise invalid_value(
+            "neurons", "a perfect square of at least 4 (images are sqrt(N) x sqrt(N))",
+            neurons,
         )
     (x_train, _), (x_test, _) = load_mnist_sample()
     images = np.concatenate([x_train, x_test])
     if num_inputs is not None:
         if isinstance(num_inputs, bool) or not isinstance(num_inputs, (int, np.integer)) \
                 or not 1 <= num_inputs <= len(images):
-            raise ValueError(
-                'Received an invalid value for "num_inputs", expected an integer in '
-                f"[1, {len(images)}] or None. Received: num_inputs={num_inputs!r}"
-            )
+            raise invalid_value(
+                "num_inputs", f"an integer in [1, {len(images)}] or None", num_inputs)
         images = images[:num_inputs]
     rows = []
     for start in range(0, len(images), _CHUNK):

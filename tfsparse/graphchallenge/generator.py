@@ -33,6 +33,9 @@ depend on the stride order, not on the offsets.
 import numpy as np
 import scipy.sparse
 
+from tfsparse._validation import check_positive_int
+from tfsparse._validation import invalid_value
+
 DEFAULT_CONNECTIONS = 32
 DEFAULT_WEIGHT = 1.0 / 16.0
 
@@ -87,21 +90,11 @@ def radixnet(neurons, layers, seed=0, connections=DEFAULT_CONNECTIONS, weight=DE
         (120, (1024, 1024), 32768)
     """
     strides = radixnet_strides(neurons, connections)
-    if not isinstance(layers, (int, np.integer)) or isinstance(layers, bool) or layers < 1:
-        raise ValueError(
-            'Received an invalid value for "layers", expected a positive integer. '
-            f"Received: layers={layers!r}"
-        )
+    check_positive_int("layers", layers)
     if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool):
-        raise ValueError(
-            'Received an invalid value for "seed", expected an integer. '
-            f"Received: seed={seed!r}"
-        )
+        raise invalid_value("seed", "an integer", seed)
     if not np.isfinite(weight) or weight == 0:
-        raise ValueError(
-            'Received an invalid value for "weight", expected a finite nonzero '
-            f"number. Received: weight={weight!r}"
-        )
+        raise invalid_value("weight", "a finite nonzero number", weight)
     rng = np.random.default_rng(seed)
     layer_strides = []
     while len(layer_strides) < layers:
@@ -142,18 +135,13 @@ def shift_sum_matrix(neurons, stride, connections, offset=0, weight=DEFAULT_WEIG
 
 
 def _check_sizes(neurons, connections):
-    if not isinstance(connections, (int, np.integer)) or isinstance(connections, bool) or connections < 1:
-        raise ValueError(
-            'Received an invalid value for "connections", expected a positive integer. '
-            f"Received: connections={connections!r}"
-        )
+    check_positive_int("connections", connections)
     if (
         not isinstance(neurons, (int, np.integer))
         or isinstance(neurons, bool)
         or neurons < connections
     ):
-        raise ValueError(
-            'Received an invalid value for "neurons", expected an integer of at least '
-            f"connections={connections} (each row needs {connections} distinct "
-            f"shifts). Received: neurons={neurons!r}"
+        raise invalid_value(
+            "neurons", f"an integer of at least connections={connections} (each row "
+            f"needs {connections} distinct shifts)", neurons,
         )

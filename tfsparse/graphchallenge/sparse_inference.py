@@ -22,6 +22,7 @@ import scipy.sparse
 import tensorflow as tf
 import tqdm
 
+from tfsparse._validation import invalid_value
 from tfsparse.ops import SparsityPattern
 from tfsparse.ops import sparse_matmul
 
@@ -39,10 +40,9 @@ def default_bias(neurons):
         -0.3
     """
     if neurons not in _DEFAULT_BIASES:
-        raise ValueError(
-            'Received an invalid value for "neurons", expected one of the '
-            f"challenge's sizes {sorted(_DEFAULT_BIASES)} (pass a bias explicitly "
-            f"for other sizes). Received: neurons={neurons!r}"
+        raise invalid_value(
+            "neurons", f"one of the challenge's sizes {sorted(_DEFAULT_BIASES)} (pass a "
+            "bias explicitly for other sizes)", neurons,
         )
     return _DEFAULT_BIASES[neurons]
 
@@ -241,18 +241,14 @@ def _layer_step(neurons, bias):
 def _check_weights(weights):
     weights = list(weights)
     if not weights:
-        raise ValueError(
-            'Received an invalid value for "weights", expected a non-empty list of '
-            "sparse matrices. Received: weights=[]"
-        )
+        raise invalid_value("weights", "a non-empty list of sparse matrices", weights)
     neurons = getattr(weights[0], "shape", (0,))[0]
     for index, weight in enumerate(weights):
         if not scipy.sparse.issparse(weight) or weight.shape != (neurons, neurons):
             received = getattr(weight, "shape", type(weight).__name__)
-            raise ValueError(
-                'Received an invalid value for "weights", expected square sparse '
-                f"matrices of one shape ({neurons}, {neurons}). "
-                f"Received: weights[{index}] of shape {received}"
+            raise invalid_value(
+                "weights", f"square sparse matrices of one shape ({neurons}, {neurons})",
+                received=f"weights[{index}] of shape {received}",
             )
     return weights
 
@@ -265,17 +261,13 @@ def _check_arguments(features, weights, bias):
     else:
         neurons = _check_weights(weights)[0].shape[0]
     if features.shape[1] != neurons:
-        raise ValueError(
-            'Received an invalid value for "features", expected a matrix of '
-            f"{neurons} columns (the neurons of the network). "
-            f"Received: features of shape {features.shape}"
+        raise invalid_value(
+            "features", f"a matrix of {neurons} columns (the neurons of the network)",
+            received=f"features of shape {features.shape}",
         )
     if isinstance(bias, bool) or not isinstance(bias, (int, float, np.floating, np.integer)) \
             or not np.isfinite(bias):
-        raise ValueError(
-            'Received an invalid value for "bias", expected a finite number. '
-            f"Received: bias={bias!r}"
-        )
+        raise invalid_value("bias", "a finite number", bias)
     return features, neurons, float(bias)
 
 
@@ -284,8 +276,5 @@ def _check_batch_size(batch_size, neurons):
         return max(1, _BATCH_ELEMENTS // neurons)
     if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) \
             or batch_size < 1:
-        raise ValueError(
-            'Received an invalid value for "batch_size", expected a positive integer '
-            f"or None. Received: batch_size={batch_size!r}"
-        )
+        raise invalid_value("batch_size", "a positive integer or None", batch_size)
     return int(batch_size)

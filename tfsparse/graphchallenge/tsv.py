@@ -18,6 +18,9 @@ import warnings
 import numpy as np
 import scipy.sparse
 
+from tfsparse._validation import check_positive_int
+from tfsparse._validation import invalid_value
+
 _TRIPLE = "'row col value' with integer row and column counted from 1"
 
 
@@ -45,8 +48,8 @@ def load_network(data_dir, neurons, layers):
         [32768, 32768]
     """
     data_dir = pathlib.Path(data_dir)
-    _check_positive("neurons", neurons)
-    _check_positive("layers", layers)
+    check_positive_int("neurons", neurons)
+    check_positive_int("layers", layers)
     weights = []
     for layer in range(1, layers + 1):
         name = f"n{neurons}-l{layer}.tsv"
@@ -77,9 +80,9 @@ def load_features(path, neurons, num_inputs=None):
         >>> load_features(path, 1024).shape
         (3, 1024)
     """
-    _check_positive("neurons", neurons)
+    check_positive_int("neurons", neurons)
     if num_inputs is not None:
-        _check_positive("num_inputs", num_inputs)
+        check_positive_int("num_inputs", num_inputs)
     path = pathlib.Path(path)
     rows, cols, values = _read_triples(path, max_row=num_inputs, max_col=neurons)
     if num_inputs is None:
@@ -120,10 +123,7 @@ def write_network(data_dir, weights):
     """
     weights = list(weights)
     if not weights:
-        raise ValueError(
-            'Received an invalid value for "weights", expected a non-empty list of '
-            "sparse matrices. Received: weights=[]"
-        )
+        raise invalid_value("weights", "a non-empty list of sparse matrices", weights)
     neurons = weights[0].shape[0]
     directory = pathlib.Path(data_dir) / f"neuron{neurons}"
     directory.mkdir(parents=True, exist_ok=True)
@@ -144,10 +144,8 @@ def write_categories(path, ids):
     """Writes 0-based row ids as a 1-based categories file, one id per line."""
     ids = np.asarray(ids, dtype=np.int64).reshape(-1)
     if ids.size and ids.min() < 0:
-        raise ValueError(
-            'Received an invalid value for "ids", expected 0-based row ids >= 0. '
-            f"Received: an id {int(ids.min())}"
-        )
+        raise invalid_value("ids", "non-negative 0-based row ids",
+                            received=f"an id {int(ids.min())}")
     np.savetxt(pathlib.Path(path), ids + 1, fmt="%d")
 
 
@@ -278,11 +276,3 @@ def _first_existing(candidates):
         "No challenge weight file found: looked for "
         + ", ".join(f"'{path}'" for path in candidates) + " (or with '.gz')."
     )
-
-
-def _check_positive(name, value):
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(
-            f'Received an invalid value for "{name}", expected a positive integer. '
-            f"Received: {name}={value!r}"
-        )

@@ -2,6 +2,7 @@
 
 import horovod.tensorflow.keras as hvd_keras
 
+from tfsparse._framework_internal import set_horovod_callback_backend
 from tfsparse._keras import keras
 
 
@@ -23,4 +24,4 @@ class MetricAverageCallback(hvd_keras.callbacks.MetricAverageCallback):
 
     def __init__(self, device=""):
         super().__init__(device)
-        self.backend = keras.backend
+        set_horovod_callback_backend(self, keras.backend)

@@ -1,27 +1,38 @@
-"""`DistributedOptimizer`: a Keras optimizer whose gradients travel compressed."""
+"""`DistributedOptimizer`: Horovod's Keras optimizer wrapper, with sparse compressed gradients."""
 
+import warnings
+
+import horovod.tensorflow as hvd
 import tensorflow as tf
 
 from tfsparse._keras import keras
-from tfsparse.compression import SIDCo
-from tfsparse.compression import _validation
+from tfsparse import _validation
+from tfsparse.compression import NoCompression
+from tfsparse.horovod.accumulation import GradientAccumulator
 from tfsparse.horovod.exchange import CompressedExchange
 
 _OPTIMIZER_TYPES = (keras.optimizers.Optimizer, keras.optimizers.legacy.Optimizer)
 
 
 class _CompressedGradientsMixin:
-    """Averages the gradients through the compressed exchange before applying them."""
+    """Combines the gradients through the compressed exchange before applying them."""
 
     _tfsparse_settings = None  # set on the class built by DistributedOptimizer
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self._tfsparse_exchange = CompressedExchange(**self._tfsparse_settings)
+        settings = dict(self._tfsparse_settings)
+        passes = settings.pop("backward_passes_per_step")
+        average = settings.pop("average_aggregated_gradients")
+        self._tfsparse_exchange = CompressedExchange(**settings)
+        self._tfsparse_accumulator = None
+        if passes > 1:
+            self._tfsparse_accumulator = GradientAccumulator(
+                passes, average, sparse_as_dense=settings["sparse_as_dense"])
 
     @property
     def compression_stats(self):
-        """Dict of float64 variables: the last step's statistics and running totals."""
+        """Dict of float64 variables: the last exchange's statistics and running totals."""
         return self._tfsparse_exchange.stats
 
     @property
@@ -29,48 +40,117 @@ class _CompressedGradientsMixin:
         """The `CompressedExchange` (residuals, compressors, statistics)."""
         return self._tfsparse_exchange
 
+    @property
+    def gradient_accumulator(self):
+        """The `GradientAccumulator` (None when ``backward_passes_per_step`` is 1)."""
+        return self._tfsparse_accumulator
+
     def apply_gradients(self, grads_and_vars, *args, **kwargs):
         grads_and_vars = list(grads_and_vars)
         if not grads_and_vars:
             return super().apply_gradients(grads_and_vars, *args, **kwargs)
-        gradients, variables = zip(*grads_and_vars)
-        exchange = self._tfsparse_exchange
+        gradients, variables = (list(t) for t in zip(*grads_and_vars))
+        accumulator = self._tfsparse_accumulator
         with tf.init_scope():
-            exchange.build(list(variables))
-        averaged = exchange.exchange(list(gradients), list(variables))
-        return super().apply_gradients(list(zip(averaged, variables)), *args, **kwargs)
+            self._tfsparse_exchange.build(variables, gradients)
+            if accumulator is not None:
+                accumulator.build(variables)
+                self.iterations  # noqa: B018  (a legacy optimizer creates it on first read)
+        if accumulator is None:
+            return self._exchange_and_apply(gradients, variables, args, kwargs)
+        complete = accumulator.add(gradients)
+
+        def exchange_and_apply():
+            applied = self._exchange_and_apply(accumulator.read(gradients), variables, args, kwargs)
+            with tf.control_dependencies([d for d in tf.nest.flatten(applied) if d is not None]):
+                reset = accumulator.reset()
+            with tf.control_dependencies([reset]):
+                return tf.identity(self.iterations)
+
+        def count_the_pass():
+            # As Horovod: passes that apply nothing still advance `iterations`.
+            return tf.identity(self.iterations.assign_add(1))
+
+        return tf.cond(complete, exchange_and_apply, count_the_pass)
+
+    def _exchange_and_apply(self, gradients, variables, args, kwargs):
+        combined = self._tfsparse_exchange.exchange(gradients, variables)
+        return super().apply_gradients(list(zip(combined, variables)), *args, **kwargs)
 
 
-def DistributedOptimizer(optimizer, compressor=None, fused=False, nonfinite="raise"):
-    """Wraps a Keras optimizer so that gradients are compressed and averaged over Horovod.
+def DistributedOptimizer(optimizer, compression=None, *, op=hvd.Average,
+                         backward_passes_per_step=1, average_aggregated_gradients=False,
+                         sparse_as_dense=False, fused=False, nonfinite="raise", compressor=None):
+    """Wraps a Keras optimizer so that gradients are compressed and combined over Horovod.
 
-    On every step each rank adds its error-feedback residual to its gradient,
-    compresses it (`compressor`), allgathers the values and int32 indices with
+    The arguments shared with ``horovod.tensorflow.keras.DistributedOptimizer``
+    (`compression`, `op`, `backward_passes_per_step`,
+    `average_aggregated_gradients`, `sparse_as_dense`) mean what they mean
+    there, with the same defaults: without `compression` the gradients take a
+    dense ``hvd.allreduce`` average, as in Horovod. Horovod's other arguments
+    (devices, ``gradient_predivide_factor``, groups, process sets,
+    ``scale_local_gradients``) are not offered.
+
+    With a sparsifying `compression` (`SIDCo`, `TopK`, `DGC`, `RandomK`),
+    every exchange each rank adds its error-feedback residual to its
+    gradient, compresses it, allgathers the values and int32 indices with
     ``hvd.allgather`` (the count may differ per rank), scatter-adds all
-    payloads, divides by ``hvd.size()`` and applies the result with the wrapped
-    optimizer's update rule. What was not sent stays in per-variable residuals,
-    non-trainable variables saved with TensorFlow checkpoints of the optimizer
-    (they are kept out of ``optimizer.variables``, so Horovod's
-    `BroadcastGlobalVariablesCallback` leaves each rank's residual alone;
-    save one checkpoint per rank to resume error feedback exactly). With
-    `NoCompression` the gradients take a dense ``hvd.allreduce`` average, as
-    in ``hvd.DistributedOptimizer``.
+    payloads and, for ``op=hvd.Average``, divides by ``hvd.size()``, then
+    applies the result with the wrapped optimizer's update rule. What was not
+    sent stays in per-variable residuals, non-trainable variables saved with
+    TensorFlow checkpoints of the optimizer (they are kept out of
+    ``optimizer.variables``, so Horovod's `BroadcastGlobalVariablesCallback`
+    leaves each rank's residual alone; save one checkpoint per rank to resume
+    error feedback exactly).
+
+    ``tf.IndexedSlices`` gradients (embedding lookups) stay row-sparse unless
+    `sparse_as_dense`: without compression their rows and values are
+    allgathered (Horovod's ``hvd.allreduce`` of IndexedSlices); with a
+    compressor, the rows a gradient touches are summed per distinct row, their
+    residual rows added, and the compressor selects among the elements of
+    those rows; each selected element travels as its value and int32 position
+    in the variable, and the optimizer receives the ``tf.IndexedSlices`` of
+    every row any rank sent. An untouched row's residual waits until a later
+    gradient touches that row.
+
+    With ``backward_passes_per_step=N > 1`` each rank sums its gradients over
+    N passes in local variables (saved with checkpoints, like the residuals)
+    and the N-th pass exchanges the sum and applies it, as Horovod does; the
+    other passes apply nothing but advance ``optimizer.iterations``.
+
+    Non-finite gradients: ``nonfinite="raise"`` stops with an error naming
+    the variable; ``nonfinite="skip"`` checks each variable's gradient on its
+    own: a rank whose gradient for a variable holds a NaN or Inf sends nothing
+    for that variable at this exchange (its residual is kept), while its other
+    variables and the other ranks' contributions are exchanged as usual (the
+    average still divides by ``hvd.size()``). Which gradients are non-finite
+    is the model's doing: a NaN in the input reaches every variable that
+    depends on it (how far depends on the activations, e.g. ReLU maps NaN to
+    0 on some CPUs and keeps it on others), so a bad batch may skip them all.
+    A skipped variable can still move through the optimizer's state (momentum).
 
     Like Horovod, the result is an instance of a class with the wrapped
     optimizer's name, built from its config, so saved models load without
-    tfsparse. Statistics of the last step (achieved ratio, estimation
+    tfsparse. Statistics of the last exchange (achieved ratio, estimation
     quality, stages, compression time, bytes sent and what a dense allreduce
     would move) are in ``optimizer.compression_stats``, read by
     ``callbacks.CompressionMonitor``.
 
     Args:
         optimizer: a tf_keras optimizer (`keras.optimizers.Optimizer` or a legacy one).
-        compressor: a `tfsparse.compression.Compressor`; defaults to
-            ``SIDCo(0.01)``. Each gradient buffer gets its own clone.
-        fused: compress all gradients (per dtype) as one flat buffer instead of
-            per tensor: one estimate and two allgathers per step.
-        nonfinite: "raise" (an error naming the variable) or "skip" (a
-            non-finite gradient sends nothing this step, its residual is kept).
+        compression: a `tfsparse.compression.Compressor` (each gradient buffer
+            gets its own clone), or ``hvd.Compression.none``; defaults to
+            `NoCompression` (a dense allreduce, as in Horovod).
+        op: ``hvd.Average`` (default) or ``hvd.Sum``.
+        backward_passes_per_step: passes whose gradients are summed locally
+            before one exchange.
+        average_aggregated_gradients: divide that sum by
+            `backward_passes_per_step`.
+        sparse_as_dense: densify ``tf.IndexedSlices`` gradients before the exchange.
+        fused: compress all dense gradients (per dtype) as one flat buffer
+            instead of per tensor: one estimate and two allgathers per step.
+        nonfinite: "raise" or "skip" (see above).
+        compressor: deprecated name of `compression`.
 
     Returns:
         The wrapped optimizer.
@@ -80,7 +160,7 @@ def DistributedOptimizer(optimizer, compressor=None, fused=False, nonfinite="rai
         >>> from tfsparse import keras
         >>> from tfsparse.compression import SIDCo
         >>> hvd.init()
-        >>> optimizer = DistributedOptimizer(keras.optimizers.SGD(0.1), SIDCo(0.01))
+        >>> optimizer = DistributedOptimizer(keras.optimizers.SGD(0.1), compression=SIDCo(0.01))
         >>> model = keras.Sequential([keras.layers.Dense(1, input_shape=(4,))])
         >>> model.compile(optimizer=optimizer, loss="mse")
     """
@@ -92,10 +172,13 @@ def DistributedOptimizer(optimizer, compressor=None, fused=False, nonfinite="rai
         raise _validation.invalid_value(
             "optimizer", "an optimizer not wrapped already", optimizer
         )
-    if compressor is None:
-        compressor = SIDCo(0.01)
-    settings = dict(compressor=compressor, fused=fused, nonfinite=nonfinite)
+    compression = _compression_argument(compression, compressor)
+    settings = dict(compression=compression, fused=fused, nonfinite=nonfinite, op=op,
+                    sparse_as_dense=sparse_as_dense)
     CompressedExchange(**settings)  # validates the settings now, with Keras-style messages
+    GradientAccumulator(backward_passes_per_step, average_aggregated_gradients)
+    settings.update(backward_passes_per_step=backward_passes_per_step,
+                    average_aggregated_gradients=average_aggregated_gradients)
     base = type(optimizer)
     cls = type(
         base.__name__,
@@ -104,3 +187,19 @@ def DistributedOptimizer(optimizer, compressor=None, fused=False, nonfinite="rai
     )
     return cls.from_config(optimizer.get_config())
 
+
+def _compression_argument(compression, compressor):
+    """`compression`, or the deprecated `compressor`; Horovod's ``Compression.none`` is `NoCompression`."""
+    if compressor is not None:
+        if compression is not None:
+            raise ValueError(
+                'Received both "compression" and its deprecated alias "compressor"; pass '
+                f"compression only. Received: compression={compression!r}, compressor={compressor!r}"
+            )
+        warnings.warn(
+            'DistributedOptimizer\'s "compressor" argument is deprecated; pass '
+            '"compression" (Horovod\'s name) instead.', DeprecationWarning, stacklevel=3)
+        compression = compressor
+    if compression is None or compression is hvd.Compression.none:
+        return NoCompression()
+    return compression

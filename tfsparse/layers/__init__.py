@@ -1,4 +1,18 @@
-"""Sparse Keras layers and the Dense-to-sparse converter."""
+"""Sparse Keras layers and the Dense-to-sparse converter.
+
+Example:
+  >>> import numpy as np
+  >>> from tfsparse._keras import keras
+  >>> from tfsparse.layers import sparsify
+  >>> model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4)])
+  >>> kernel, bias = model.layers[0].get_weights()
+  >>> kernel[np.abs(kernel) < 0.3] = 0
+  >>> model.layers[0].set_weights([kernel, bias])
+  >>> sparse = sparsify(model)
+  >>> x = np.ones((2, 8), "float32")
+  >>> np.allclose(sparse(x), model(x), atol=1e-6)
+  True
+"""
 
 from tfsparse.layers.sparse_dense import PatternTensors
 from tfsparse.layers.sparse_dense import SparseDense

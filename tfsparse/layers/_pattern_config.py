@@ -13,6 +13,7 @@ import zlib
 
 import numpy as np
 
+from tfsparse._validation import invalid_value
 from tfsparse.ops import SparsityPattern
 
 ENCODING = "zlib-delta-u32"
@@ -46,20 +47,16 @@ def decode(entry):
     """The ``SparsityPattern`` of a config entry written by ``encode``."""
     encoding = entry.get("encoding")
     if encoding not in (ENCODING, _ENCODING_64) or "positions" not in entry:
-        raise ValueError(
-            'Received an invalid value for "pattern", expected a dict written by '
-            "SparseDense.get_config (with shape, nnz, encoding and positions). "
-            f"Received: pattern={_summary(entry)}"
-        )
+        raise invalid_value(
+            "pattern", "a dict written by SparseDense.get_config (with shape, nnz, "
+            "encoding and positions)", received=f"pattern={_summary(entry)}")
     dtype = "<u8" if encoding == _ENCODING_64 else "<u4"
     deltas = np.frombuffer(zlib.decompress(base64.b64decode(entry["positions"])), dtype)
     keys = np.cumsum(deltas.astype(np.int64))
     input_dim, units = (int(s) for s in entry["shape"])
     if keys.size != int(entry["nnz"]):
-        raise ValueError(
-            'Received an invalid value for "pattern", expected positions of '
-            f'{entry["nnz"]} nonzeros. Received: pattern with {keys.size} positions'
-        )
+        raise invalid_value("pattern", f'positions of {entry["nnz"]} nonzeros',
+                            received=f"pattern with {keys.size} positions")
     return SparsityPattern(keys % input_dim, keys // input_dim, (input_dim, units))
 
 

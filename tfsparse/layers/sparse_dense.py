@@ -7,11 +7,10 @@ import numbers
 import numpy as np
 import scipy.sparse
 import tensorflow as tf
-from tensorflow_model_optimization.python.core.sparsity.keras import (
-    prunable_layer,
-)
+import tensorflow_model_optimization as tfmot
 
 from tfsparse._keras import keras
+from tfsparse._validation import invalid_value
 from tfsparse.layers import _initializers
 from tfsparse.layers import _pattern_config
 from tfsparse.ops import SparsityPattern
@@ -26,13 +25,6 @@ PatternTensors = collections.namedtuple(
 )
 
 
-def _invalid(name, expected, received):
-    return ValueError(
-        f'Received an invalid value for "{name}", expected {expected}. '
-        f"Received: {name}={received}"
-    )
-
-
 def _digest(rows, cols):
     """A fingerprint of a pattern's positions (SHA-256 of the index arrays)."""
     return hashlib.sha256(np.asarray(rows, np.int32).tobytes()
@@ -40,7 +32,7 @@ def _digest(rows, cols):
 
 
 @keras.saving.register_keras_serializable(package="tfsparse")
-class SparseDense(keras.layers.Layer, prunable_layer.PrunableLayer):
+class SparseDense(keras.layers.Layer, tfmot.sparsity.keras.PrunableLayer):
     """``activation(x @ W + b)`` with a sparse kernel ``W`` of shape ``(input_dim, units)``.
 
     Only the nonzeros of ``W`` exist: they are one trainable vector ``values``
@@ -102,11 +94,11 @@ class SparseDense(keras.layers.Layer, prunable_layer.PrunableLayer):
             or isinstance(units, bool)
             or units <= 0
         ):
-            raise _invalid("units", "a positive integer", units)
+            raise invalid_value("units", "a positive integer", units)
         self.units = int(units)
         self._pattern_matrix, self._config_pattern = self._check_pattern(pattern)
         if density is not None and pattern is not None:
-            raise _invalid(
+            raise invalid_value(
                 "density", "None when a pattern is given (the pattern sets it)",
                 density,
             )
@@ -117,7 +109,7 @@ class SparseDense(keras.layers.Layer, prunable_layer.PrunableLayer):
                 or isinstance(density, bool)
                 or not 0 < density <= 1
             ):
-                raise _invalid("density", "a float in (0, 1]", density)
+                raise invalid_value("density", "a float in (0, 1]", density)
         self.density_setting = None if density is None else float(density)
         if seed is None:
             # From NumPy's global generator, which keras.utils.set_random_seed
@@ -125,7 +117,7 @@ class SparseDense(keras.layers.Layer, prunable_layer.PrunableLayer):
             # the same kernels.
             seed = int(np.random.randint(0, 2**31 - 1))
         if not isinstance(seed, numbers.Integral) or isinstance(seed, bool):
-            raise _invalid("seed", "an integer or None", seed)
+            raise invalid_value("seed", "an integer or None", seed)
         self.seed = int(seed)
         self.activation = keras.activations.get(activation)
         self.use_bias = bool(use_bias)
@@ -148,61 +140,61 @@ class SparseDense(keras.layers.Layer, prunable_layer.PrunableLayer):
         if isinstance(pattern, dict):  # from get_config: the encoded positions
             return None, self._check_config_pattern(_pattern_config.decode(pattern))
         if not scipy.sparse.issparse(pattern):
-            raise _invalid(
+            raise invalid_value(
                 "pattern", "a scipy.sparse matrix of shape (input_dim, units)",
-                type(pattern).__name__,
+                received=f"pattern of type {type(pattern).__name__}",
             )
         if pattern.ndim != 2 or pattern.shape[1] != self.units:
-            raise _invalid(
+            raise invalid_value(
                 "pattern",
                 f"a matrix of shape (input_dim, {self.units}) (units={self.units})",
-                f"a matrix of shape {pattern.shape}",
+                received=f"pattern of shape {pattern.shape}",
             )
         data = pattern.tocoo().data
         if not np.all(np.isfinite(data)):
-            raise _invalid(
+            raise invalid_value(
                 "pattern", "finite values",
-                f"a matrix with {int(np.sum(~np.isfinite(data)))} non-finite values",
+                received=f"pattern with {int(np.sum(~np.isfinite(data)))} non-finite values",
             )
         if pattern.count_nonzero() == 0:
-            raise _invalid("pattern", "at least one nonzero", "an all-zero matrix")
+            raise invalid_value("pattern", "at least one nonzero", received="an all-zero pattern")
         return pattern, None
 
     def _check_config_pattern(self, pattern):
         if pattern.shape[1] != self.units:
-            raise _invalid(
+            raise invalid_value(
                 "pattern",
                 f"a pattern of shape (input_dim, {self.units}) (units={self.units})",
-                f"a pattern of shape {pattern.shape}",
+                received=f"pattern of shape {pattern.shape}",
             )
         return pattern
 
     def build(self, input_shape):
         input_shape = tf.TensorShape(input_shape)
         if input_shape.rank is None or input_shape.rank < 2 or input_shape[-1] is None:
-            raise _invalid(
+            raise invalid_value(
                 "inputs", "an input of at least 2 dimensions (batch, ..., input_dim) "
                 "with known input_dim",
-                f"shape {tuple(input_shape.as_list()) if input_shape.rank is not None else None}",
+                received=f"inputs of shape {input_shape}",
             )
         self._input_rank = input_shape.rank  # partitioners take 2-D inputs only
         input_dim = int(input_shape[-1])
         values = None
         if self._pattern_matrix is not None:
             if self._pattern_matrix.shape[0] != input_dim:
-                raise _invalid(
+                raise invalid_value(
                     "pattern",
                     f"a matrix of shape ({input_dim}, {self.units}) to match "
                     f"the input dimension {input_dim}",
-                    f"a matrix of shape {self._pattern_matrix.shape}",
+                    received=f"pattern of shape {self._pattern_matrix.shape}",
                 )
             pattern, values = SparsityPattern.from_scipy(self._pattern_matrix)
         elif self._config_pattern is not None:
             pattern = self._config_pattern
             if pattern.shape[0] != input_dim:
-                raise _invalid(
+                raise invalid_value(
                     "inputs", f"inputs of dimension {pattern.shape[0]} (the pattern's)",
-                    f"shape {tuple(input_shape.as_list())}",
+                    received=f"inputs of shape {input_shape}",
                 )
         else:
             pattern = SparsityPattern.random(
@@ -290,14 +282,14 @@ class SparseDense(keras.layers.Layer, prunable_layer.PrunableLayer):
         """
         self._require_built("set_pattern")
         if not isinstance(pattern, SparsityPattern):
-            raise _invalid("pattern", "a tfsparse.ops.SparsityPattern",
-                           type(pattern).__name__)
+            raise invalid_value("pattern", "a tfsparse.ops.SparsityPattern",
+                                received=f"pattern of type {type(pattern).__name__}")
         if pattern.shape != (self.input_dim, self.units) or pattern.nnz != self.nnz:
-            raise _invalid(
+            raise invalid_value(
                 "pattern",
                 f"a pattern of shape {(self.input_dim, self.units)} with {self.nnz} "
                 "nonzeros (the layer's)",
-                f"a pattern of shape {pattern.shape} with {pattern.nnz} nonzeros",
+                received=f"pattern of shape {pattern.shape} with {pattern.nnz} nonzeros",
             )
         self.pattern_rows.assign(pattern.rows)
         self.pattern_cols.assign(pattern.cols)
@@ -314,9 +306,9 @@ class SparseDense(keras.layers.Layer, prunable_layer.PrunableLayer):
     def call(self, inputs):
         inputs = tf.convert_to_tensor(inputs)
         if inputs.shape.rank is None or inputs.shape.rank < 2:
-            raise _invalid(
+            raise invalid_value(
                 "inputs", "an input of at least 2 dimensions (batch, ..., input_dim)",
-                f"shape {inputs.shape}",
+                received=f"inputs of shape {inputs.shape}",
             )
         if inputs.dtype != self.compute_dtype:
             inputs = tf.cast(inputs, self.compute_dtype)
@@ -324,9 +316,12 @@ class SparseDense(keras.layers.Layer, prunable_layer.PrunableLayer):
         if inputs.shape.rank > 2:  # as Dense: the product acts on the last axis
             leading = tf.shape(inputs)[:-1]
             inputs = tf.reshape(inputs, [-1, inputs.shape[-1]])
+        # The pattern's variables themselves: a TFLite export reads them when
+        # tracing (tfsparse.export.tflite_compatible), other paths as tensors.
+        pattern = PatternTensors(self.pattern_rows, self.pattern_cols,
+                                 self.pattern_row_major_order, (self.input_dim, self.units))
         outputs = sparse_matmul(
-            inputs, self.values, self.pattern_tensors(),
-            bias=self.bias if self.use_bias else None,
+            inputs, self.values, pattern, bias=self.bias if self.use_bias else None,
         )
         if self._gradient_probe is not None:  # tfsparse.dynamic's RigL, eager only
             self._gradient_probe(self, inputs, outputs)

@@ -2,7 +2,9 @@
 
 import scipy.sparse
 
+from tfsparse._framework_internal import is_graph_network
 from tfsparse._keras import keras
+from tfsparse._validation import invalid_value
 from tfsparse.layers.sparse_dense import SparseDense
 
 _DENSE_SETTINGS = (
@@ -53,27 +55,21 @@ def sparsify(model, max_density=None):
       'SparseDense'
     """
     if not isinstance(model, keras.Model):
-        raise ValueError(
-            'Received an invalid value for "model", expected a tf_keras Model. '
-            f"Received: model={type(model).__name__}"
-        )
+        raise invalid_value("model", "a tf_keras Model",
+                            received=f"model of type {type(model).__name__}")
     if max_density is not None and not 0 < max_density <= 1:
-        raise ValueError(
-            'Received an invalid value for "max_density", expected None or a '
-            f"float in (0, 1]. Received: max_density={max_density}"
-        )
-    if not (isinstance(model, keras.Sequential) or getattr(model, "_is_graph_network", False)):
+        raise invalid_value("max_density", "None or a float in (0, 1]", max_density)
+    if not (isinstance(model, keras.Sequential) or is_graph_network(model)):
         # Keras clones only these: a subclassed model's call() is code.
-        raise ValueError(
-            'Received an invalid value for "model", expected a Sequential or functional '
-            "model (a subclassed model's layers cannot be rewired: build it with "
-            f"SparseDense layers instead). Received: model of class {type(model).__name__}"
+        raise invalid_value(
+            "model", "a Sequential or functional model (a subclassed model's layers "
+            "cannot be rewired: build it with SparseDense layers instead)",
+            received=f"model of class {type(model).__name__}",
         )
     if not model.built:
-        raise ValueError(
-            'Received an invalid value for "model", expected a built model '
-            "(call it on data or give it an Input first). Received: an unbuilt "
-            f"model {model.name!r}"
+        raise invalid_value(
+            "model", "a built model (call it on data or give it an Input first)",
+            received=f"an unbuilt model {model.name!r}",
         )
     for layer in model.layers:
         if _is_pruning_wrapper(layer):

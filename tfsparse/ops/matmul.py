@@ -6,6 +6,8 @@ import tensorflow as tf
 
 from tfsparse.ops import _tf_internal
 from tfsparse.ops import kernels
+from tfsparse.ops import tflite
+from tfsparse.ops._gather_products import segment_sum_product
 from tfsparse.ops.sddmm import sddmm
 from tfsparse.ops.sddmm import use_compiled_kernels
 
@@ -17,8 +19,10 @@ def sparse_matmul(x, values, pattern, use_kernel=None, bias=None):
     the input gradient run on tfsparse's compiled SpMM kernel; on GPU, without
     the compiled kernels, and in exported SavedModels on TensorFlow's CSR
     kernels; in functions XLA compiles (``jit_compile=True``) as a gather and
-    a segment sum over the nonzeros. The gradient with respect to ``values``
-    is an SDDMM (``tfsparse.ops.sddmm``). Both gradients are exact.
+    a segment sum over the nonzeros; inside ``tfsparse.export.tflite_compatible()``
+    with TFLite builtin ops (``tfsparse.ops.tflite``). The gradient with
+    respect to ``values`` is an SDDMM (``tfsparse.ops.sddmm``). Both gradients
+    are exact.
 
     Args:
       x: float tensor ``[batch, input_dim]`` (float16 and bfloat16, as
@@ -26,8 +30,8 @@ def sparse_matmul(x, values, pattern, use_kernel=None, bias=None):
         in their own dtype).
       values: float tensor ``[nnz]``, the nonzeros in pattern order.
       pattern: a ``SparsityPattern``, or any object with ``rows``, ``cols``,
-        ``row_major_order`` (integer arrays or tensors) and ``shape``
-        ``(input_dim, units)``.
+        ``row_major_order`` (integer arrays, tensors or variables) and
+        ``shape`` ``(input_dim, units)``.
       use_kernel: ``True``/``False`` to force the compiled kernels or
         TensorFlow's own ops; ``None`` for ``use_compiled_kernels()``.
       bias: optional float tensor ``[units]`` added to every row; the
@@ -53,6 +57,10 @@ def sparse_matmul(x, values, pattern, use_kernel=None, bias=None):
         y = sparse_matmul(tf.cast(x, tf.float32), tf.cast(values, tf.float32), pattern,
                           use_kernel, None if bias is None else tf.cast(bias, tf.float32))
         return tf.cast(y, x.dtype)
+    if tflite.in_tflite_compatible_scope():
+        y = tflite.builtin_ops_product(x, values, pattern, bias)
+        y.set_shape(x.shape[:-1].concatenate([pattern.shape[1]]))
+        return y
     values = tf.convert_to_tensor(values, dtype=x.dtype)
     rows = tf.convert_to_tensor(pattern.rows, dtype=tf.int32)
     cols = tf.convert_to_tensor(pattern.cols, dtype=tf.int32)
@@ -63,7 +71,7 @@ def sparse_matmul(x, values, pattern, use_kernel=None, bias=None):
     if use_kernel:
         product = _compiled_product
     elif _tf_internal.in_xla_context():
-        product = _gather_product  # XLA compiles neither ours nor the CSR ops
+        product = segment_sum_product  # XLA compiles neither ours nor the CSR ops
     else:
         product = _csr_product
     input_dim, units = shape
@@ -124,11 +132,4 @@ def _csr_product(x, values, rows, cols, units, bias=None):
     dense_shape = tf.stack([tf.constant(units, tf.int64), tf.shape(x, out_type=tf.int64)[1]])
     kernel_t = _tf_internal.csr_from_sorted_coo(indices, values, dense_shape)
     y = _tf_internal.csr_matmul(kernel_t, x, transpose_b=True, transpose_output=True)
-    return y if bias is None else tf.nn.bias_add(y, bias)
-
-
-def _gather_product(x, values, rows, cols, units, bias=None):
-    """With ops XLA compiles: each nonzero's products, summed per output."""
-    products = tf.gather(x, rows, axis=1) * values  # [batch, nnz]
-    y = tf.transpose(tf.math.unsorted_segment_sum(tf.transpose(products), cols, units))
     return y if bias is None else tf.nn.bias_add(y, bias)

@@ -3,12 +3,7 @@
 import numpy as np
 import scipy.sparse
 
-
-def _invalid(name, expected, received):
-    return ValueError(
-        f'Received an invalid value for "{name}", expected {expected}. '
-        f"Received: {name}={received}"
-    )
+from tfsparse._validation import invalid_value
 
 
 class SparsityPattern:
@@ -35,28 +30,28 @@ class SparsityPattern:
     def __init__(self, rows, cols, shape):
         shape = tuple(int(s) for s in shape)
         if len(shape) != 2 or min(shape) <= 0:
-            raise _invalid("shape", "(input_dim, units) of positive integers", shape)
+            raise invalid_value("shape", "(input_dim, units) of positive integers", shape)
         rows = np.asarray(rows)
         cols = np.asarray(cols)
         if rows.ndim != 1 or cols.ndim != 1 or rows.shape != cols.shape:
-            raise _invalid(
+            raise invalid_value(
                 "rows",
                 "1-D index arrays rows and cols of equal length",
-                f"arrays of shapes {rows.shape} and {cols.shape}",
+                received=f"rows of shape {rows.shape} and cols of shape {cols.shape}",
             )
         if rows.size and (rows.min() < 0 or rows.max() >= shape[0]):
-            raise _invalid("rows", f"indices in [0, {shape[0]})",
-                           f"[{rows.min()}, {rows.max()}]")
+            raise invalid_value("rows", f"indices in [0, {shape[0]})",
+                                received=f"rows in [{rows.min()}, {rows.max()}]")
         if cols.size and (cols.min() < 0 or cols.max() >= shape[1]):
-            raise _invalid("cols", f"indices in [0, {shape[1]})",
-                           f"[{cols.min()}, {cols.max()}]")
+            raise invalid_value("cols", f"indices in [0, {shape[1]})",
+                                received=f"cols in [{cols.min()}, {cols.max()}]")
         key = cols.astype(np.int64) * shape[0] + rows.astype(np.int64)
         if key.size > 1 and not np.all(key[1:] > key[:-1]):
-            raise _invalid(
+            raise invalid_value(
                 "rows",
                 "unique nonzeros sorted by column then row "
                 "(use SparsityPattern.from_coo to sort)",
-                "unsorted or repeated positions",
+                received="unsorted or repeated positions",
             )
         self.shape = shape
         self.rows = rows.astype(np.int32)
@@ -92,7 +87,8 @@ class SparsityPattern:
         order.
         """
         if not scipy.sparse.issparse(matrix):
-            raise _invalid("matrix", "a scipy.sparse matrix", type(matrix).__name__)
+            raise invalid_value("matrix", "a scipy.sparse matrix",
+                                received=f"matrix of type {type(matrix).__name__}")
         csc = scipy.sparse.csc_matrix(matrix, copy=True)
         csc.sum_duplicates()
         csc.eliminate_zeros()

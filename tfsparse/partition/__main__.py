@@ -19,6 +19,7 @@ import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+from tfsparse._validation import invalid_value  # noqa: E402
 from tfsparse.partition.compare import compare_methods  # noqa: E402
 from tfsparse.partition.compare import format_bounds  # noqa: E402
 from tfsparse.partition.compare import format_table  # noqa: E402
@@ -91,9 +92,9 @@ def load_kernels(args):
             elif run:
                 break
         if not run:
-            raise ValueError(
-                f'Received an invalid value for "--model", expected a saved model with '
-                f"SparseDense layers. Received: {args.model} (layers with weights: "
+            raise invalid_value(
+                "--model", "a saved model with SparseDense layers",
+                received=f"{args.model} (layers with weights: "
                 f"{', '.join(type(l).__name__ for l in weighted) or 'none'})")
         description = (f"model {args.model.name}, SparseDense layers "
                        f"{', '.join(layer.name for layer in run)}")

@@ -38,6 +38,7 @@ import numpy as np
 import scipy.sparse
 from tqdm.auto import tqdm
 
+from tfsparse._validation import check_positive_int
 from tfsparse.partition.rows import check_chain
 from tfsparse.partition.rows import check_workers
 from tfsparse.partition.rows import kernels_of
@@ -185,10 +186,7 @@ def volume_lower_bound(weights, k, epsilon=0.03, steps=150, progress=False):
     kernels = kernels_of(weights)
     sizes = check_chain(kernels)
     check_workers(sizes, k, epsilon)
-    if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) \
-            or steps < 1:
-        raise ValueError('Received an invalid value for "steps", expected a '
-                         f"positive integer. Received: steps={steps!r}")
+    check_positive_int("steps", steps)
     return np.array([layer_volume_lower_bound(kernel, int(k), epsilon, steps)
                      for kernel in tqdm(kernels, desc="lower bound",
                                         disable=not progress)],

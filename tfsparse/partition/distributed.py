@@ -10,7 +10,11 @@ splits) returns their gradients to the owners; weight gradients stay local.
 The last layer's outputs are gathered on every rank (``hvd.allgather``) so
 any Keras loss and metric apply; since every rank sees the same batch and
 computes the same loss, the gradient of the gathered outputs is the same on
-every rank and each keeps its own slice (no communication). A plain
+every rank and each keeps its own slice (no communication). Each rank
+applies element-wise activations to its own neurons; a last layer's
+non-element-wise activation (softmax) is applied after the gather, to whole
+rows (the rule of ``tfsparse.partition.shards``, which PipelineStrategy's
+partitioned stages follow too). A plain
 optimizer (not ``hvd.DistributedOptimizer``) then updates the local weights:
 the weights are split, not replicated.
 
@@ -19,16 +23,33 @@ the forward pass and as many in the backward pass; gathering the outputs
 sends ``owned outputs * (k - 1)`` more. With ``exchange_inputs=False`` (the
 default, every rank has the whole batch) the first layer reads its inputs
 from the batch and sends nothing.
+
+Example:
+  >>> import horovod.tensorflow as hvd
+  >>> import numpy as np
+  >>> from tfsparse import SparseDense, keras
+  >>> from tfsparse.partition import partition_rows
+  >>> hvd.init()  # under horovodrun -np k, each rank runs this
+  >>> model = keras.Sequential([keras.Input((8,)), SparseDense(6, density=0.5, seed=0),
+  ...                           SparseDense(4, density=0.5, seed=1)])
+  >>> local = distribute(model, partition_rows(model, hvd.size(), "block"))
+  >>> x = np.ones((2, 8), "float32")
+  >>> np.allclose(local(x), model(x), atol=1e-6)
+  True
 """
 
 import numpy as np
-import scipy.sparse
 import tensorflow as tf
 
 from tfsparse._keras import keras
-from tfsparse.ops import SparsityPattern
-from tfsparse.ops import sparse_matmul
-from tfsparse.partition.plan import network_plans
+from tfsparse._validation import invalid_value
+from tfsparse.partition.shards import assemble
+from tfsparse.partition.shards import ends_run
+from tfsparse.partition.shards import finish_outputs
+from tfsparse.partition.shards import layer_shard
+from tfsparse.partition.shards import shard_outputs
+from tfsparse.partition.shards import shard_weights
+from tfsparse.partition.shards import unpartitionable_reason
 
 
 def _horovod():
@@ -59,46 +80,45 @@ def exchange(owned, plan, name=None):
     return local, received_splits
 
 
-def _local_pattern(kernel):
-    """SparsityPattern of a sorted CSC matrix, explicit zeros included."""
-    cols = np.repeat(np.arange(kernel.shape[1]), np.diff(kernel.indptr))
-    return SparsityPattern(kernel.indices, cols, kernel.shape)
-
-
 class PartitionedSparseDense(keras.layers.Layer):
-    """One rank's share of a SparseDense layer: its owned outputs only.
+    """One rank's shard of a SparseDense layer: its owned outputs only.
 
     Takes ``[batch, owned inputs]`` (or, for a first layer without input
     exchange, the whole ``[batch, n_in]``) and returns ``[batch, owned
-    outputs]``. Built by ``distribute``; not serialisable (save the model
+    outputs]``, activated when the activation is element-wise (see
+    ``tfsparse.partition.shards``). Built by ``distribute``, which copies
+    the rank's weights into it; not serialisable (save the model
     ``collect_weights`` fills instead).
 
     Args:
-        plan: this rank's ``LayerPlan``.
-        activation: Keras activation.
+        shard: this rank's ``LayerShard``.
+        activation: the Keras activation of the layer.
         use_bias: whether the layer has a bias.
         exchange_inputs: False to read the local inputs from a full input
             (no communication), True to receive them with ``exchange``.
     """
 
-    def __init__(self, plan, activation=None, use_bias=True,
+    def __init__(self, shard, activation=None, use_bias=True,
                  exchange_inputs=True, **kwargs):
         super().__init__(**kwargs)
-        self.plan = plan
+        self.shard = shard
         self.activation = keras.activations.get(activation)
         self.use_bias = use_bias
         self.exchange_inputs = exchange_inputs
-        self._pattern = _local_pattern(plan.kernel)
+
+    @property
+    def plan(self):
+        """This rank's ``LayerPlan`` of the layer."""
+        return self.shard.plan
 
     def build(self, input_shape):
-        kernel = self.plan.kernel
         self.values = self.add_weight(
-            "values", shape=(kernel.nnz,), trainable=True,
-            initializer=keras.initializers.Constant(kernel.data))
+            "values", shape=(self.plan.kernel.nnz,), trainable=True,
+            initializer="zeros")
         self.bias = None
         if self.use_bias:
             self.bias = self.add_weight(
-                "bias", shape=(kernel.shape[1],), trainable=True,
+                "bias", shape=(self.plan.owned_outputs.size,), trainable=True,
                 initializer="zeros")
         self.built = True
 
@@ -107,35 +127,31 @@ class PartitionedSparseDense(keras.layers.Layer):
             local, _ = exchange(inputs, self.plan)
         else:
             local = tf.gather(inputs, self.plan.local_inputs, axis=1)
-        return self.compute(local)
-
-    def compute(self, local):
-        """The owned outputs from the local input ``[batch, local inputs]``."""
-        outputs = sparse_matmul(local, self.values, self._pattern)
-        if self.use_bias:
-            outputs = tf.nn.bias_add(outputs, self.bias)
-        if self.activation is not None:
-            outputs = self.activation(outputs)
-        return outputs
+        return shard_outputs(self.shard, local, self.values, self.bias,
+                             self.activation)
 
 
 class GatherOutputs(keras.layers.Layer):
     """Assembles every rank's owned outputs into the full output, on every rank.
 
-    Forward: one ``hvd.allgather``. Backward: the loss is the same on every
-    rank, so the gradient of the full output is too, and each rank keeps the
+    Forward: one ``hvd.allgather``, then the last layer's activation if it is
+    not element-wise (``finish_outputs``: softmax sees the whole row).
+    Backward: the loss is the same on every rank, so the gradient of the
+    full output (before that activation too) is, and each rank keeps the
     columns of its own outputs; no communication.
 
     Args:
         owned_outputs_per_rank: list of ``k`` index arrays (rank order).
         rank: this rank.
+        activation: the last layer's Keras activation.
     """
 
-    def __init__(self, owned_outputs_per_rank, rank, **kwargs):
+    def __init__(self, owned_outputs_per_rank, rank, activation=None, **kwargs):
         super().__init__(**kwargs)
         order = np.concatenate(owned_outputs_per_rank)
         self._inverse = np.argsort(order).astype(np.int32)
         self._own = np.asarray(owned_outputs_per_rank[rank], dtype=np.int32)
+        self.activation = keras.activations.get(activation)
 
     def call(self, inputs):
         hvd = _horovod()
@@ -151,67 +167,54 @@ class GatherOutputs(keras.layers.Layer):
 
             return full, grad
 
-        return gather(inputs)
+        return finish_outputs(gather(inputs), self.activation)
 
 
 def _sparse_layers(model):
-    layers = []
-    for layer in model.layers:
-        if hasattr(layer, "to_scipy"):
-            for name in ("kernel_regularizer", "bias_regularizer",
-                         "activity_regularizer", "kernel_constraint",
-                         "bias_constraint"):
-                if getattr(layer, name, None) is not None:
-                    raise ValueError(
-                        'Received an invalid value for "model", expected '
-                        "SparseDense layers without regularizers or "
-                        f"constraints. Received: layer {layer.name!r} with "
-                        f"{name}")
-            layers.append(layer)
-        elif layer.weights:
-            raise ValueError(
-                'Received an invalid value for "model", expected a model whose '
-                "layers with weights are all SparseDense. Received: layer "
-                f"{layer.name!r} of type {type(layer).__name__}")
-        elif not isinstance(layer, keras.layers.InputLayer):
-            raise ValueError(
-                'Received an invalid value for "model", expected only '
-                "SparseDense layers in sequence. Received: layer "
-                f"{layer.name!r} of type {type(layer).__name__}")
+    """The model's layers, all SparseDense layers ``distribute`` computes exactly.
+
+    Raises:
+        ValueError: naming the first layer that is not (see
+            ``tfsparse.partition.shards`` for the rule).
+    """
+    layers = [layer for layer in model.layers
+              if not isinstance(layer, keras.layers.InputLayer)]
+    if not layers:
+        raise invalid_value("model", "a model of SparseDense layers",
+                            received=f"model {model.name!r} without layers")
+    for index, layer in enumerate(layers):
+        reason = unpartitionable_reason(layer)
+        if reason is not None:
+            raise invalid_value(
+                "model", "a chain of SparseDense layers on 2-D inputs without regularizers "
+                "or constraints", received=f"layer {layer.name!r}: {reason}")
+        if index < len(layers) - 1 and ends_run(layer):
+            name = getattr(layer.activation, "__name__", repr(layer.activation))
+            raise invalid_value(
+                "model", "an activation that acts on each neuron alone in every layer but "
+                "the last (whose activation, such as softmax, is applied after the outputs "
+                "are gathered)", received=f"layer {layer.name!r} with activation {name}")
     return layers
-
-
-def global_kernel(layer):
-    """A SparseDense kernel as a sorted CSC matrix in the layer's value order."""
-    pattern = layer.pattern
-    kernel = scipy.sparse.csc_matrix(
-        (layer.values.numpy(), (pattern.rows, pattern.cols)),
-        shape=pattern.shape)
-    kernel.sort_indices()
-    return kernel
 
 
 def _check_partition(partition, sizes, hvd):
     if partition.k != hvd.size():
-        raise ValueError(
-            'Received an invalid value for "partition", expected a partition '
-            f"into hvd.size()={hvd.size()} parts. Received: partition.k="
-            f"{partition.k}")
+        raise invalid_value(
+            "partition", f"a partition into hvd.size()={hvd.size()} parts",
+            received=f"partition.k={partition.k}")
     if partition.sizes != sizes:
-        raise ValueError(
-            'Received an invalid value for "partition", expected one for a '
-            f"network with layer sizes {sizes}. Received: partition.sizes="
-            f"{partition.sizes}")
+        raise invalid_value(
+            "partition", f"one for a network with layer sizes {sizes}",
+            received=f"partition.sizes={partition.sizes}")
     digest = np.array([int(o @ np.arange(1, o.size + 1) % 1000003)
                        for o in partition.owners], dtype=np.int64)
     digests = hvd.allgather_object(digest.tolist())
     if any(d != digests[0] for d in digests):
-        raise ValueError(
-            'Received an invalid value for "partition", expected the same '
-            "partition on every rank (Mt-KaHyPar with several threads is not "
-            "deterministic: partition on one rank and broadcast it, e.g. "
-            "partition = hvd.broadcast_object(partition, root_rank=0)). "
-            "Received: different owners on different ranks")
+        raise invalid_value(
+            "partition", "the same partition on every rank (Mt-KaHyPar with several "
+            "threads is not deterministic: partition on one rank and broadcast it, e.g. "
+            "partition = hvd.broadcast_object(partition, root_rank=0))",
+            received="different owners on different ranks")
 
 
 def distribute(model, partition, exchange_inputs=False):
@@ -224,8 +227,10 @@ def distribute(model, partition, exchange_inputs=False):
     batches on every rank (``shuffle=False`` or a common seed).
 
     Args:
-        model: a Keras model of SparseDense layers (``InputLayer`` allowed),
-            without regularizers or constraints.
+        model: a Keras model of SparseDense layers (``InputLayer`` allowed)
+            on 2-D inputs, without regularizers or constraints, whose
+            activations act on each neuron alone except perhaps the last
+            layer's (softmax, say, is then applied after the gather).
         partition: a ``Partition`` of the model into ``hvd.size()`` parts.
         exchange_inputs: False (default): every rank reads the inputs of the
             first layer from the batch it has. True: each rank keeps only the
@@ -246,33 +251,37 @@ def distribute(model, partition, exchange_inputs=False):
     """
     hvd = _horovod()
     layers = _sparse_layers(model)
-    kernels = [global_kernel(layer) for layer in layers]
-    sizes = [kernels[0].shape[0]] + [kernel.shape[1] for kernel in kernels]
+    sizes = [layers[0].input_dim] + [layer.units for layer in layers]
     _check_partition(partition, sizes, hvd)
     rank, k = hvd.rank(), hvd.size()
-    plans = network_plans(kernels, partition.owners, rank, k)
+    owners = partition.owners
+    shards = [layer_shard(layer, owners[l], owners[l + 1], rank, k)
+              for l, layer in enumerate(layers)]
+    plans = [shard.plan for shard in shards]
     if any(plan.owned_outputs.size == 0 for plan in plans):
-        raise ValueError(
-            'Received an invalid value for "partition", expected every rank '
-            f"to own outputs in every layer. Received: rank {rank} owns none "
-            "in some layer")
+        raise invalid_value(
+            "partition", "every rank to own outputs in every layer",
+            received=f"rank {rank} owns none in some layer")
     inputs = keras.Input((sizes[0],), dtype=layers[0].dtype)
     x = inputs
     if exchange_inputs:
         x = keras.layers.Lambda(
             lambda t: tf.gather(t, plans[0].owned_inputs, axis=1))(x)
     distributed = []
-    for index, (layer, plan) in enumerate(zip(layers, plans)):
+    for index, (layer, shard) in enumerate(zip(layers, shards)):
         part = PartitionedSparseDense(
-            plan, activation=layer.activation, use_bias=layer.use_bias,
+            shard, activation=layer.activation, use_bias=layer.use_bias,
             exchange_inputs=exchange_inputs or index > 0,
             name=f"{layer.name}_partitioned")
         x = part(x)
+        values, bias = shard_weights(layer, shard)
+        part.values.assign(values)
         if layer.use_bias:
-            part.bias.assign(tf.gather(layer.bias, plan.owned_outputs))
+            part.bias.assign(bias)
         distributed.append(part)
-    owned_last = [np.flatnonzero(partition.owners[-1] == r) for r in range(k)]
-    outputs = GatherOutputs(owned_last, rank, name="gather_outputs")(x)
+    owned_last = [np.flatnonzero(owners[-1] == r) for r in range(k)]
+    outputs = GatherOutputs(owned_last, rank, activation=layers[-1].activation,
+                            name="gather_outputs")(x)
     result = keras.Model(inputs, outputs, name=f"{model.name}_partitioned")
     result.partition_plans = plans
     result.partitioned_layers = distributed
@@ -290,10 +299,8 @@ def collect_weights(distributed, model):
     for layer, part in zip(layers, distributed.partitioned_layers):
         positions = hvd.allgather(tf.constant(part.plan.positions))
         values = hvd.allgather(tf.convert_to_tensor(part.values))
-        full = tf.scatter_nd(positions[:, None], values, layer.values.shape)
-        layer.values.assign(full)
+        layer.values.assign(assemble([values], [positions], layer.nnz))
         if layer.use_bias:
             owned = hvd.allgather(tf.constant(part.plan.owned_outputs))
             bias = hvd.allgather(tf.convert_to_tensor(part.bias))
-            layer.bias.assign(tf.scatter_nd(owned[:, None], bias,
-                                            layer.bias.shape))
+            layer.bias.assign(assemble([bias], [owned], layer.units))

@@ -34,6 +34,11 @@ import time
 import numpy as np
 import scipy.sparse
 
+from tfsparse._validation import check_choice
+from tfsparse._validation import check_non_negative_int
+from tfsparse._validation import check_positive_int
+from tfsparse._validation import invalid_value
+from tfsparse._validation import one_of
 from tfsparse.partition import _graph
 from tfsparse.partition import _hypergraph
 from tfsparse.partition._simple import choose_input_owners
@@ -62,15 +67,13 @@ def kernels_of(weights):
             if hasattr(layer, "to_scipy"):
                 kernels.append(layer.to_scipy())
             elif layer.weights:
-                raise ValueError(
-                    'Received an invalid value for "weights", expected a model '
-                    "whose layers with weights are all SparseDense. Received: "
-                    f"layer {layer.name!r} of type {type(layer).__name__}")
+                raise invalid_value(
+                    "weights", "a model whose layers with weights are all SparseDense",
+                    received=f"layer {layer.name!r} of type {type(layer).__name__}")
         if not kernels:
-            raise ValueError(
-                'Received an invalid value for "weights", expected a list of '
-                "sparse kernels or a model with SparseDense layers. Received: "
-                f"a model without SparseDense layers ({weights.name!r})")
+            raise invalid_value(
+                "weights", "a list of sparse kernels or a model with SparseDense layers",
+                received=f"a model without SparseDense layers ({weights.name!r})")
         return kernels
     if scipy.sparse.issparse(weights) or isinstance(weights, np.ndarray):
         weights = [weights]
@@ -81,64 +84,47 @@ def check_chain(kernels):
     """Checks that the kernels' shapes chain; returns the layer sizes."""
     shapes = [tuple(int(d) for d in np.shape(kernel)) for kernel in kernels]
     if not shapes:
-        raise ValueError('Received an invalid value for "weights", expected at '
-                         "least one kernel. Received: weights=[]")
+        raise invalid_value("weights", "at least one kernel", received="weights=[]")
     for index, shape in enumerate(shapes):
         if len(shape) != 2 or min(shape) < 1:
-            raise ValueError(
-                'Received an invalid value for "weights", expected 2-D '
-                f"kernels of shape (inputs, outputs). Received: kernel {index} "
-                f"of shape {shape}")
+            raise invalid_value(
+                "weights", "2-D kernels of shape (inputs, outputs)",
+                received=f"kernel {index} of shape {shape}")
     for index in range(1, len(shapes)):
         if shapes[index][0] != shapes[index - 1][1]:
-            raise ValueError(
-                'Received an invalid value for "weights", expected each '
-                "kernel's input dimension to equal the previous kernel's "
-                f"output dimension, but kernel {index} has {shapes[index][0]} "
-                f"inputs and kernel {index - 1} has {shapes[index - 1][1]} "
-                f"outputs. Received: shapes={shapes}")
+            raise invalid_value(
+                "weights", "each kernel's input dimension to equal the previous kernel's "
+                f"output dimension, but kernel {index} has {shapes[index][0]} inputs and "
+                f"kernel {index - 1} has {shapes[index - 1][1]} outputs",
+                received=f"shapes={shapes}")
     return [shapes[0][0]] + [shape[1] for shape in shapes]
 
 
 def _check_method(method):
-    if method not in METHODS:
-        expected = ", ".join(f'"{m}"' for m in METHODS)
-        raise ValueError(f'Received an invalid value for "method", expected '
-                         f"one of {expected}. Received: method={method!r}")
+    check_choice("method", method, METHODS)
 
 
 def check_workers(sizes, k, epsilon):
     """Checks ``k`` and ``epsilon`` against a network's layer sizes."""
     if (isinstance(epsilon, bool) or not isinstance(epsilon, (int, float))
             or not 0.0 <= epsilon < 1.0):
-        raise ValueError('Received an invalid value for "epsilon", expected a '
-                         f"float in [0, 1). Received: epsilon={epsilon!r}")
+        raise invalid_value("epsilon", "a float in [0, 1)", epsilon)
     smallest = min(sizes)
     if (isinstance(k, bool) or not isinstance(k, (int, np.integer))
             or not 1 <= k <= smallest):
-        raise ValueError(
-            'Received an invalid value for "k", expected an integer in '
-            f"[1, {smallest}] (the smallest layer has {smallest} neurons). "
-            f"Received: k={k!r}")
+        raise invalid_value(
+            "k", f"an integer in [1, {smallest}] (the smallest layer has {smallest} "
+            "neurons)", k)
 
 
 def _check_hypergraph_options(lookahead, refine, runs, preset):
     if (isinstance(lookahead, bool) or not isinstance(lookahead, (int, float))
             or not 0.0 <= lookahead <= 1.0):
-        raise ValueError('Received an invalid value for "lookahead", expected '
-                         f"a float in [0, 1]. Received: lookahead={lookahead!r}")
-    if (isinstance(refine, bool) or not isinstance(refine, (int, np.integer))
-            or refine < 0):
-        raise ValueError('Received an invalid value for "refine", expected a '
-                         f"non-negative integer. Received: refine={refine!r}")
-    if (isinstance(runs, bool) or not isinstance(runs, (int, np.integer))
-            or runs < 1):
-        raise ValueError('Received an invalid value for "runs", expected a '
-                         f"positive integer. Received: runs={runs!r}")
+        raise invalid_value("lookahead", "a float in [0, 1]", lookahead)
+    check_non_negative_int("refine", refine)
+    check_positive_int("runs", runs)
     if not isinstance(preset, str) or preset.lower() not in _hypergraph._PRESETS:
-        expected = ", ".join(f'"{p}"' for p in _hypergraph._PRESETS)
-        raise ValueError(f'Received an invalid value for "preset", expected '
-                         f"one of {expected}. Received: preset={preset!r}")
+        raise invalid_value("preset", one_of(_hypergraph._PRESETS), preset)
 
 
 def partition_rows(weights, k, method="hypergraph", epsilon=0.03, seed=0, *,

@@ -1,4 +1,14 @@
-"""Structured-sparsity regularisers (group lasso) for dense and sparse kernels."""
+"""Structured-sparsity regularisers (group lasso) for dense and sparse kernels.
+
+Example:
+  >>> import tensorflow as tf
+  >>> from tfsparse.regularizers import GroupLasso, dense_group_norms, group_sparsity
+  >>> kernel = tf.constant([[3.0, 0.0], [4.0, 0.0]])
+  >>> float(GroupLasso(0.5, groups="columns")(kernel))  # 0.5 * (|(3, 4)| + |(0, 0)|)
+  2.5
+  >>> float(group_sparsity(dense_group_norms(kernel, "columns"), 0.0))  # zero columns
+  0.5
+"""
 
 from tfsparse.regularizers.group_lasso import GroupLasso
 from tfsparse.regularizers.group_lasso import RegularizerSum

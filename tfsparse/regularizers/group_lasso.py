@@ -6,6 +6,7 @@ import numbers
 from tfsparse._keras import keras
 
 import tensorflow as tf  # noqa: E402  (after tfsparse._keras selects Keras 2)
+from tfsparse._validation import invalid_value  # noqa: E402
 from tfsparse.regularizers import group_norms  # noqa: E402
 
 
@@ -16,10 +17,7 @@ def _validate(l, groups, block_shape):
         or not math.isfinite(l)
         or l < 0
     ):
-        raise ValueError(
-            'Received an invalid value for "l", expected a finite float >= 0. '
-            f"Received: l={l!r}"
-        )
+        raise invalid_value("l", "a finite non-negative float", l)
     kinds = (groups,) if isinstance(groups, str) else groups
     if (
         not isinstance(kinds, (tuple, list))
@@ -27,10 +25,11 @@ def _validate(l, groups, block_shape):
         or any(kind not in group_norms.GROUP_KINDS for kind in kinds)
         or len(set(kinds)) != len(kinds)
     ):
-        raise ValueError(
-            'Received an invalid value for "groups", expected "rows", "columns", '
-            '"blocks" or a sequence of distinct ones such as ("rows", "columns"). '
-            f"Received: groups={groups!r}"
+        raise invalid_value(
+            "groups",
+            "'rows', 'columns', 'blocks' or a sequence of distinct ones such as "
+            "('rows', 'columns')",
+            groups,
         )
     if "blocks" in kinds:
         if (
@@ -41,16 +40,14 @@ def _validate(l, groups, block_shape):
                 for b in block_shape
             )
         ):
-            raise ValueError(
-                'Received an invalid value for "block_shape", expected a pair of '
-                'positive integers (bh, bw) when groups include "blocks". '
-                f"Received: block_shape={block_shape!r}"
+            raise invalid_value(
+                "block_shape", "a pair of positive integers (bh, bw) when groups include "
+                "'blocks'", block_shape,
             )
     elif block_shape is not None:
-        raise ValueError(
-            'Received an invalid value for "block_shape", expected None unless '
-            f'groups include "blocks". Received: block_shape={block_shape!r} '
-            f"with groups={groups!r}"
+        raise invalid_value(
+            "block_shape", "None unless groups include 'blocks'",
+            received=f"block_shape={block_shape!r} with groups={groups!r}",
         )
     block = None if block_shape is None else (int(block_shape[0]), int(block_shape[1]))
     return float(l), (kinds if isinstance(kinds, str) else tuple(kinds)), block
@@ -109,10 +106,10 @@ class GroupLasso(keras.regularizers.Regularizer, _Trackable):
     def __call__(self, x):
         x = tf.convert_to_tensor(x)
         if x.shape.rank != 2:
-            raise ValueError(
-                'Received an invalid value for "x", expected the 2-D kernel '
-                "(input_dim, units) of a dense layer; for a sparse kernel call "
-                f"sparse_penalty(values, pattern). Received: x with shape {x.shape}"
+            raise invalid_value(
+                "x", "the 2-D kernel (input_dim, units) of a dense layer; for a sparse "
+                "kernel call sparse_penalty(values, pattern)",
+                received=f"x with shape {x.shape}",
             )
         total = tf.add_n(
             [tf.reduce_sum(group_norms.dense_group_norms(x, kind, self.block_shape))
@@ -177,16 +174,12 @@ class RegularizerSum(keras.regularizers.Regularizer, _Trackable):
             if isinstance(reg, dict):
                 reg = keras.regularizers.deserialize(reg)
             if not callable(reg):
-                raise ValueError(
-                    'Received an invalid value for "regularizers", expected a '
-                    f"list of regularizers. Received: an element {reg!r}"
-                )
+                raise invalid_value("regularizers", "a list of regularizers",
+                                    received=f"an element {reg!r}")
             terms.extend(reg.regularizers if isinstance(reg, RegularizerSum) else [reg])
         if not terms:
-            raise ValueError(
-                'Received an invalid value for "regularizers", expected a non-empty '
-                f"list of regularizers. Received: regularizers={regularizers!r}"
-            )
+            raise invalid_value("regularizers", "a non-empty list of regularizers",
+                                regularizers)
         self.regularizers = terms  # a tracked list: its terms' variables stay reachable
 
     def __call__(self, x):

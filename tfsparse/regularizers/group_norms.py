@@ -23,20 +23,18 @@ zeroed exactly never poisons the training step.
 import numpy as np
 import tensorflow as tf
 
+from tfsparse._validation import check_choice
+from tfsparse._validation import invalid_value
+
 GROUP_KINDS = ("rows", "columns", "blocks")
 
 
 def _check_kind(groups, block_shape):
-    if groups not in GROUP_KINDS:
-        raise ValueError(
-            'Received an invalid value for "groups", expected one of '
-            f'"rows", "columns", "blocks". Received: groups={groups!r}'
-        )
+    check_choice("groups", groups, GROUP_KINDS)
     if groups == "blocks" and block_shape is None:
-        raise ValueError(
-            'Received an invalid value for "block_shape", expected a pair of '
-            'positive integers (bh, bw) when groups="blocks". '
-            "Received: block_shape=None"
+        raise invalid_value(
+            "block_shape", "a pair of positive integers (bh, bw) when groups='blocks'",
+            block_shape,
         )
 
 
@@ -160,10 +158,8 @@ def dense_group_norms(kernel, groups, block_shape=None):
     _check_kind(groups, block_shape)
     kernel = tf.convert_to_tensor(kernel)
     if kernel.shape.rank != 2:
-        raise ValueError(
-            'Received an invalid value for "kernel", expected a 2-D tensor '
-            f"(input_dim, units). Received: kernel with shape {kernel.shape}"
-        )
+        raise invalid_value("kernel", "a 2-D tensor (input_dim, units)",
+                            received=f"kernel with shape {kernel.shape}")
     squares = tf.square(kernel)
     if groups == "rows":
         return safe_norm(tf.reduce_sum(squares, axis=1))

@@ -1,7 +1,9 @@
 """Run under horovodrun: partitioned model vs the whole model in this process.
 
 Writes OUT/rank{r}.json with the largest differences and the traffic counts.
-Usage: partitioned_training.py OUT METHOD EXCHANGE_INPUTS
+Usage: partitioned_training.py OUT METHOD EXCHANGE_INPUTS NETWORK
+NETWORK: "tanh" (three layers, tanh then linear) or "softmax" (the issue's
+relu -> softmax, whose softmax must see whole rows).
 """
 
 import json
@@ -21,27 +23,28 @@ from tfsparse.partition import partition_rows  # noqa: E402
 from tfsparse.partition.distributed import collect_weights  # noqa: E402
 from tfsparse.partition.distributed import distribute  # noqa: E402
 from tfsparse.partition.distributed import exchange  # noqa: E402
-from tfsparse.partition.distributed import global_kernel  # noqa: E402
 
-SIZES = (24, 32, 28, 20)
+NETWORKS = {  # layer sizes, activations
+    "tanh": ((24, 32, 28, 20), ("tanh", "tanh", None)),
+    "softmax": ((12, 16, 8), ("relu", "softmax")),
+}
 STEPS, BATCH = 5, 8
 
 
-def build_model():
+def build_model(network):
     """The same model on every rank: seeded patterns, values and biases."""
+    sizes, activations = NETWORKS[network]
     rng = np.random.default_rng(0)
     layers = []
-    for index, (a, b) in enumerate(zip(SIZES[:-1], SIZES[1:])):
+    for index, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
         kernel = scipy.sparse.random(a, b, density=0.2, random_state=rng,
                                      format="csr", dtype=np.float32)
         kernel.data = rng.standard_normal(kernel.nnz).astype(np.float32)
         kernel = kernel + scipy.sparse.eye(a, b, dtype=np.float32)  # no dead units
-        last = index == len(SIZES) - 2
-        layers.append(SparseDense(b, pattern=kernel.tocsr(),
-                                  activation=None if last else "tanh",
+        layers.append(SparseDense(b, pattern=kernel.tocsr(), activation=activations[index],
                                   bias_initializer=keras.initializers.RandomNormal(
                                       seed=index)))
-    model = keras.Sequential([keras.Input((SIZES[0],))] + layers)
+    model = keras.Sequential([keras.Input((sizes[0],))] + layers)
     return model
 
 
@@ -53,10 +56,11 @@ def log(message):
     print(f"[rank {hvd.rank()}] {message}", file=sys.stderr, flush=True)
 
 
-def main(out, method, exchange_inputs):
+def main(out, method, exchange_inputs, network):
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
-    model = build_model()
+    sizes = NETWORKS[network][0]
+    model = build_model(network)
     partition = partition_rows(model, size, method) if rank == 0 else None
     partition = hvd.broadcast_object(partition, root_rank=0)
     log("partition broadcast")
@@ -64,8 +68,8 @@ def main(out, method, exchange_inputs):
     log("distributed model built")
 
     rng = np.random.default_rng(1)
-    x = rng.standard_normal((STEPS * BATCH, SIZES[0])).astype(np.float32)
-    y = rng.standard_normal((STEPS * BATCH, SIZES[-1])).astype(np.float32)
+    x = rng.standard_normal((STEPS * BATCH, sizes[0])).astype(np.float32)
+    y = rng.standard_normal((STEPS * BATCH, sizes[-1])).astype(np.float32)
     result = {"rank": rank, "size": size}
 
     # Outputs and gradients of one batch.
@@ -80,6 +84,7 @@ def main(out, method, exchange_inputs):
     log("forward and backward done")
     result["output_diff"] = max_diff(out_dist, model(x[:BATCH]))
     result["output_scale"] = float(np.max(np.abs(model(x[:BATCH]))))
+    result["row_sums"] = np.sum(out_dist.numpy(), axis=1).tolist()
     grad_diffs = []
     for layer_index, part in enumerate(dist.partitioned_layers):
         g_values, g_bias = full_grads[2 * layer_index], full_grads[2 * layer_index + 1]
@@ -107,7 +112,7 @@ def main(out, method, exchange_inputs):
     result["sum_sent"] = hvd.allreduce(tf.constant(sent, tf.int64), op=hvd.Sum).numpy().tolist()
     log("traffic checked")
     # Several SGD steps with model.fit, against the whole model in this process.
-    reference = build_model()
+    reference = build_model(network)
     reference.set_weights(model.get_weights())
     reference.compile(keras.optimizers.SGD(0.1), "mse")
     reference.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
@@ -117,14 +122,15 @@ def main(out, method, exchange_inputs):
     result["weight_diff"] = max(max_diff(a, b) for a, b in
                                 zip(model.get_weights(), reference.get_weights()))
     result["weights_changed"] = max_diff(model.get_weights()[0],
-                                         build_model().get_weights()[0])
+                                         build_model(network).get_weights()[0])
     result["loss"] = history.history["loss"]
     result["pattern_kept"] = all(
-        np.array_equal(global_kernel(a).indices, global_kernel(b).indices)
+        np.array_equal(a.pattern.rows, b.pattern.rows)
+        and np.array_equal(a.pattern.cols, b.pattern.cols)
         for a, b in zip(model.layers, reference.layers))
     with open(os.path.join(out, f"rank{rank}.json"), "w") as handle:
         json.dump(result, handle)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], sys.argv[3] == "1")
+    main(sys.argv[1], sys.argv[2], sys.argv[3] == "1", sys.argv[4])

@@ -122,9 +122,9 @@ def main(out):
     costs = COSTS if hvd.rank() == 0 else COSTS[::-1]
     strategy = PipelineStrategy(devices="horovod", num_microbatches=4, schedule="gpipe",
                                 costs=costs)
-    with strategy.scope():
-        model = mlp()
-        model.compile("sgd", "mse")
+    model = mlp()
+    model.compile("sgd", "mse")
+    strategy.attach(model)
     results["rank_costs"] = {"plan": [list(s) for s in model.pipeline.plan(3).stages],
                              "costs": [list(c) for c in strategy.costs]}
     errors = {}

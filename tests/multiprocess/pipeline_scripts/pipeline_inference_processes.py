@@ -78,10 +78,8 @@ def build(strategy, optimizer, window):
                       steps_per_execution=window)
         return model
 
-    if strategy is None:
-        return make()
-    with strategy.scope():
-        return make()
+    model = make()
+    return model if strategy is None else strategy.attach(model)
 
 
 def counts(model):

@@ -26,14 +26,8 @@ __all__ = ["PipelineStrategy", "compiled", "hvd", "keras", "tf", "tfsparse"]
 
 def compiled(strategy, network, optimizer, window):
     """``network()`` compiled for 3-class logits with accuracy, ``optimizer()``
-    and ``steps_per_execution=window``, inside ``strategy``'s scope unless None."""
-    def build():
-        model = network()
-        model.compile(optimizer(), keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                      metrics=["accuracy"], steps_per_execution=window)
-        return model
-
-    if strategy is None:
-        return build()
-    with strategy.scope():
-        return build()
+    and ``steps_per_execution=window``, attached to ``strategy`` unless None."""
+    model = network()
+    model.compile(optimizer(), keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"], steps_per_execution=window)
+    return model if strategy is None else strategy.attach(model)

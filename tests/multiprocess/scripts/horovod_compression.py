@@ -87,7 +87,7 @@ def main(out):
 
     # 1. SIDCo per tensor; different initial weights per rank, so the
     #    broadcast callback matters.
-    sidco = DistributedOptimizer(keras.optimizers.Adam(0.005), SIDCo(0.01))
+    sidco = DistributedOptimizer(keras.optimizers.Adam(0.005), compression=SIDCo(0.01))
     model = model_with(sidco, seed=rank)
     monitor = CompressionMonitor()
     history = fit(model, epochs=4, extra_callbacks=[monitor])
@@ -99,7 +99,8 @@ def main(out):
     arrays["sidco"] = flat_weights(model)
 
     # 2. SIDCo fused into one buffer.
-    fused = DistributedOptimizer(keras.optimizers.Adam(0.005), SIDCo(0.01), fused=True)
+    fused = DistributedOptimizer(keras.optimizers.Adam(0.005), compression=SIDCo(0.01),
+                                 fused=True)
     model = model_with(fused, seed=10 + rank)
     history = fit(model, epochs=3)
     result["fused_loss"] = [float(v) for v in history.history["loss"]]
@@ -109,7 +110,8 @@ def main(out):
     # 3. NoCompression against Horovod's own DistributedOptimizer.
     for name, optimizer in [
         ("horovod", hvd.DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9))),
-        ("none", DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9), NoCompression())),
+        ("none", DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9),
+                                      compression=NoCompression())),
     ]:
         model = model_with(optimizer, seed=20)
         fit(model, epochs=2)

@@ -30,6 +30,8 @@ import threading
 
 import tensorflow as tf
 
+from tfsparse import _validation
+
 LIBRARY_PATH = pathlib.Path(__file__).resolve().parent / "_tfsparse_kernels.so"
 BUILD_INFO_PATH = LIBRARY_PATH.with_suffix(".json")
 # Widest first; bit i of the library's mask is ISAS[::-1][i].
@@ -71,10 +73,7 @@ def _default_isa(supported):
     if not forced:
         return supported[0]
     if forced not in ISAS:
-        raise ValueError(
-            f"Received an invalid value for environment variable \"TFSPARSE_ISA\", "
-            f"expected one of {', '.join(repr(i) for i in ISAS)}. Received: "
-            f"TFSPARSE_ISA={forced!r}")
+        raise _validation.invalid_value("TFSPARSE_ISA", _validation.one_of(ISAS), forced)
     if forced not in supported:
         raise RuntimeError(
             f"TFSPARSE_ISA={forced} asks for a kernel variant this CPU does not "
@@ -162,9 +161,7 @@ def use_isa(name):
     if _load() is None:
         raise RuntimeError("tfsparse's compiled kernels are not available. " + _REBUILD)
     if name not in ISAS:
-        raise ValueError(
-            f"Received an invalid value for \"name\", expected one of "
-            f"{', '.join(repr(i) for i in ISAS)}. Received: name={name!r}")
+        raise _validation.invalid_value("name", _validation.one_of(ISAS), name)
     if name not in _state["supported"]:
         raise RuntimeError(
             f"This CPU does not support the {name!r} kernel variant; it supports "

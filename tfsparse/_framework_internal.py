@@ -1,0 +1,110 @@
+"""The one place where tfsparse reads non-public attributes of its frameworks.
+
+tf_keras, TensorFlow's lazy ``tf.keras`` loader and Horovod's Keras callbacks
+keep a few things tfsparse needs in underscore attributes, with no public
+equivalent. Every such read or write goes through this file (TensorFlow's own
+non-public modules go through ``tfsparse.ops._tf_internal``), and each is
+read directly, never with a default: an upgrade that renames one breaks here,
+loudly, and ``tests/test_framework_internal.py`` says which.
+
+This module imports no framework: ``tfsparse._keras`` uses it before Keras is
+loaded.
+"""
+
+# tf_keras: the model's own step counters, which fit/evaluate/predict read to
+# report progress and to check that a step function ran.
+_STEP_COUNTERS = {
+    "train": "_train_counter",
+    "test": "_test_counter",
+    "predict": "_predict_counter",
+}
+
+
+def model_level_losses(model):
+    """The loss callables added by ``model.add_loss`` on the model itself.
+
+    ``model.losses`` mixes them with its layers' losses; tf_keras keeps the
+    model's own in ``_callable_losses``.
+
+    Example:
+      >>> from tfsparse._keras import keras
+      >>> model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+      >>> model.add_loss(lambda: 0.0)
+      >>> len(model_level_losses(model))
+      1
+    """
+    return list(model._callable_losses)
+
+
+def is_graph_network(model):
+    """True for a Sequential or functional model (a graph of layers Keras can clone).
+
+    Example:
+      >>> from tfsparse._keras import keras
+      >>> inputs = keras.Input((2,))
+      >>> is_graph_network(keras.Model(inputs, keras.layers.Dense(1)(inputs)))
+      True
+    """
+    return bool(model._is_graph_network)
+
+
+def count_steps(model, kind, steps):
+    """Adds ``steps`` to the model's ``kind`` step counter ("train", "test", "predict").
+
+    A step function that replaces Keras's own must count its steps as
+    Keras's does.
+
+    Example:
+      >>> from tfsparse._keras import keras
+      >>> model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+      >>> model.compile(loss="mse")
+      >>> int(count_steps(model, "test", 3))
+      3
+    """
+    return getattr(model, _STEP_COUNTERS[kind]).assign_add(steps)
+
+
+def set_horovod_callback_backend(callback, backend):
+    """Hands a Horovod Keras callback the Keras backend it computes with.
+
+    Horovod's callback implementations keep the backend they were built with
+    in a plain ``backend`` attribute (``horovod._keras.callbacks``).
+
+    Example:
+      >>> import horovod.tensorflow.keras as hvd_keras
+      >>> from tfsparse._keras import keras
+      >>> callback = hvd_keras.callbacks.MetricAverageCallback()
+      >>> set_horovod_callback_backend(callback, keras.backend)
+      >>> callback.backend is keras.backend
+      True
+    """
+    if "backend" not in vars(callback):
+        raise AttributeError(
+            f"{type(callback).__name__} keeps no `backend` attribute: this Horovod "
+            "version changed how its Keras callbacks hold the backend."
+        )
+    callback.backend = backend
+
+
+def tf_keras_resolved_to_keras_3(tensorflow):
+    """True when ``tensorflow.keras`` was already used and resolved to Keras 3.
+
+    Only instance dictionaries are read: any attribute lookup on TensorFlow's
+    lazy loader (even ``__name__``) would resolve it, to Keras 3.
+
+    Args:
+      tensorflow: the imported ``tensorflow`` module, or None if it is not.
+
+    Example:
+      >>> tf_keras_resolved_to_keras_3(None)
+      False
+    """
+    resolved = vars(tensorflow).get("keras") if tensorflow is not None else None
+    if resolved is None:
+        return False
+    state = vars(resolved)
+    if type(resolved).__name__ == "KerasLazyLoader":
+        return bool(state["_tfll_initialized"]) and state["_tfll_keras_version"] == "keras_3"
+    # After first use the loader is replaced by the module itself:
+    # keras._tf_keras.keras for Keras 3, tf_keras.api._v2.keras for Keras 2.
+    return str(state.get("__name__", "")).split(".")[0] == "keras"
