@@ -157,8 +157,8 @@ def test_pipelined_model_is_refused():
     from tfsparse.distribute import PipelineStrategy
 
     strategy = PipelineStrategy(devices=["/cpu:0"], num_microbatches=2)
-    with strategy.scope():
-        model = _model()
+    model = _model()
+    strategy.attach(model)
     with pytest.raises(ValueError, match="PipelineStrategy"):
         model.fit(X, Y, batch_size=8, epochs=1, verbose=0,
                   callbacks=[DynamicSparsity("set", update_every=2)])

@@ -75,9 +75,6 @@ def test_drawn_seed_is_kept_in_the_config():
     assert second.pattern == original.pattern
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "issue 14: get_config keeps only the nnz of a given pattern and from_config "
-    "draws a placeholder (fixed on branch i17-rigl; then remove this mark)"))
 def test_given_pattern_is_rebuilt_from_the_config():
     original = _built(SparseDense(8, pattern=_pattern((16, 8))))
     config = original.get_config()
