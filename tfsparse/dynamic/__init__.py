@@ -2,6 +2,11 @@
 
 The math is here, in plain functions; ``callbacks.DynamicSparsity`` drives
 it from ``model.fit``.
+
+Example:
+    >>> from tfsparse import dynamic
+    >>> round(dynamic.drop_fraction_at(25, 0.3, 100), 4)
+    0.2561
 """
 
 from tfsparse.dynamic.gradient import largest_gradient_keys

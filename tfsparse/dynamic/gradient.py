@@ -77,6 +77,14 @@ def largest_gradient_keys(inputs, output_gradients, taken, count, block_elements
 
     Returns:
       The chosen keys, sorted (ties: smaller key first).
+
+    Example:
+      >>> import numpy as np
+      >>> x = np.array([[1.0, 0.0, 2.0]], "float32")      # batch 1, input_dim 3
+      >>> dz = np.array([[1.0, -3.0]], "float32")         # units 2
+      >>> # |x^T dz| by key (col * 3 + row): [1, 0, 2, 3, 0, 6]; key 5 is taken.
+      >>> largest_gradient_keys(x, dz, taken=np.array([5]), count=2).tolist()
+      [2, 3]
     """
     input_dim, units = int(inputs.shape[-1]), int(output_gradients.shape[-1])
     block_elements = block_elements or DEFAULT_BLOCK_ELEMENTS
