@@ -5,6 +5,7 @@ Callbacks drive tfsparse's procedures from ``model.fit``: they import
 
 - ``FSSL``: the structured-sparsity schedule (group-lasso training, removal of
   groups under a threshold, fine-tuning without the penalty).
+- ``DynamicSparsity``: SET and RigL, patterns that move during training.
 - ``CompressionMonitor``: records what gradient compression achieves under
   ``tfsparse.horovod.DistributedOptimizer`` (ratio, estimation quality,
   stages, time, bytes) to the History, TensorBoard and a PNG plot.
@@ -12,13 +13,15 @@ Callbacks drive tfsparse's procedures from ``model.fit``: they import
 Example:
     >>> import callbacks
     >>> sorted(callbacks.__all__)
-    ['CompressionMonitor', 'FSSL']
+    ['CompressionMonitor', 'DynamicSparsity', 'FSSL']
 """
 
 from callbacks.compression_monitor import CompressionMonitor
+from callbacks.dynamic_sparsity import DynamicSparsity
 from callbacks.fssl import FSSL
 
 __all__ = [
     "CompressionMonitor",
+    "DynamicSparsity",
     "FSSL",
 ]

@@ -9,6 +9,7 @@ PACKAGES = [
     "tfsparse.compression",
     "tfsparse.data",
     "tfsparse.distribute",
+    "tfsparse.dynamic",
     "tfsparse.export",
     "tfsparse.fssl",
     "tfsparse.graphchallenge",

@@ -20,6 +20,7 @@ from tfsparse._keras import keras  # noqa: F401  (selects tf_keras first)
 
 from tfsparse import compression
 from tfsparse import data
+from tfsparse import dynamic
 from tfsparse import export
 from tfsparse import fssl
 from tfsparse import graphchallenge
@@ -35,6 +36,7 @@ __all__ = [
     "SparseDense",
     "compression",
     "data",
+    "dynamic",
     "export",
     "fssl",
     "graphchallenge",

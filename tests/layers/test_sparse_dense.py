@@ -5,6 +5,8 @@ import tensorflow as tf
 
 from tfsparse._keras import keras
 from tfsparse.layers import SparseDense
+from tfsparse.layers import _pattern_config
+from tfsparse.ops import SparsityPattern
 from layer_contract import check_layer_contract
 
 
@@ -73,9 +75,6 @@ def test_drawn_seed_is_kept_in_the_config():
     assert second.pattern == original.pattern
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "issue 14: get_config keeps only the nnz of a given pattern and from_config "
-    "draws a placeholder (fixed on branch i17-rigl; then remove this mark)"))
 def test_given_pattern_is_rebuilt_from_the_config():
     original = _built(SparseDense(8, pattern=_pattern((16, 8))))
     config = original.get_config()
@@ -247,3 +246,60 @@ def test_keras_set_random_seed_fixes_patterns_drawn_without_a_seed():
     first, second = patterns(), patterns()
     assert first == second  # as Dense's kernels under set_random_seed
     assert first[0][0] != first[1][0]  # two layers draw two patterns
+
+
+def _clone_of(layer, input_dim):
+    inputs = keras.Input((input_dim,))
+    model = keras.Model(inputs, layer(inputs))
+    return keras.models.clone_model(model).layers[-1]
+
+
+def test_clone_model_rebuilds_a_given_pattern():
+    # Issue 14: the clone drew a placeholder pattern (62 of 140 positions
+    # differed on this 20 x 7 kernel with 42 nonzeros).
+    matrix = scipy.sparse.random(20, 7, density=0.3, format="csr", rng=0, dtype=np.float32)
+    layer = SparseDense(7, pattern=matrix)
+    clone = _clone_of(layer, 20)
+    assert clone.pattern == layer.pattern
+    # Fresh values (a clone is a new initialisation, as for Dense), same fans.
+    assert clone.nnz == 42 and not np.array_equal(clone.values.numpy(), layer.values.numpy())
+
+
+def test_random_pattern_is_rebuilt_from_the_seed_and_moved_ones_from_positions():
+    layer = SparseDense(6, density=0.3, seed=4)
+    layer.build((None, 10))
+    config = layer.get_config()
+    assert config["pattern"] is None and config["density"] == 0.3  # the seed suffices
+    rebuilt = SparseDense.from_config(config)
+    rebuilt.build((None, 10))
+    assert rebuilt.pattern == layer.pattern
+    moved = SparsityPattern.from_coo(np.arange(layer.nnz) % 10, np.arange(layer.nnz) // 10,
+                                     (10, 6))
+    layer.set_pattern(moved, np.ones(layer.nnz, np.float32))
+    config = layer.get_config()
+    assert config["density"] is None and config["pattern"]["nnz"] == layer.nnz
+    assert _clone_of(layer, 10).pattern == moved
+
+
+def test_pattern_config_of_a_huge_kernel_uses_wide_deltas():
+    # A 70000 x 70000 kernel with two nonzeros: their keys differ by > 2**32.
+    pattern = SparsityPattern.from_coo([0, 5], [0, 69999], (70000, 70000))
+    entry = _pattern_config.encode(pattern)
+    assert entry["encoding"] == "zlib-delta-u64"
+    assert _pattern_config.decode(entry) == pattern
+
+
+def test_a_config_pattern_without_positions_is_refused():
+    with pytest.raises(ValueError) as error:
+        SparseDense(3, pattern={"nnz": 4})
+    assert str(error.value) == (
+        'Received an invalid value for "pattern", expected a dict written by '
+        "SparseDense.get_config (with shape, nnz, encoding and positions). "
+        "Received: pattern={'nnz': 4}")  # the layout of 0.1.0's configs: no positions
+
+
+def test_set_pattern_refuses_another_nnz():
+    layer = SparseDense(3, density=0.5, seed=0)
+    layer.build((None, 4))
+    with pytest.raises(ValueError, match='"pattern", expected a pattern of shape'):
+        layer.set_pattern(SparsityPattern.from_coo([0], [0], (4, 3)), np.ones(1))

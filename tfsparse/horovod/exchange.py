@@ -157,6 +157,21 @@ class CompressedExchange(tf.Module):
         # restored before the first step reach the new residuals now.
         self.feedbacks.extend(feedbacks)
 
+    def residual_of(self, variable):
+        """The error-feedback residual of ``variable`` (None if it has none).
+
+        None before the first step, with a dense compressor, or for a
+        variable the exchange was not built for.
+        """
+        keys = self._built_keys or []
+        if self.sends_dense or variable.ref() not in keys:
+            return None
+        index = keys.index(variable.ref())
+        for group, feedback in zip(self._groups, self.feedbacks):
+            if index in group:
+                return feedback.residuals[group.index(index)]
+        return None
+
     def _is_row_sparse(self, gradient):
         return isinstance(gradient, tf.IndexedSlices) and not self._sparse_as_dense
 

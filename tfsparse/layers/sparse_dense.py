@@ -1,6 +1,7 @@
 """SparseDense: a Dense layer whose kernel is stored and computed sparse."""
 
 import collections
+import hashlib
 import numbers
 
 import numpy as np
@@ -11,6 +12,7 @@ import tensorflow_model_optimization as tfmot
 from tfsparse._keras import keras
 from tfsparse._validation import invalid_value
 from tfsparse.layers import _initializers
+from tfsparse.layers import _pattern_config
 from tfsparse.ops import SparsityPattern
 from tfsparse.ops import sparse_matmul
 
@@ -23,10 +25,10 @@ PatternTensors = collections.namedtuple(
 )
 
 
-def _placeholder_pattern(input_dim, units, nnz):
-    """Evenly spread positions, overwritten when the layer's weights load."""
-    keys = np.linspace(0, input_dim * units - 1, nnz).astype(np.int64)
-    return SparsityPattern(keys % input_dim, keys // input_dim, (input_dim, units))
+def _digest(rows, cols):
+    """A fingerprint of a pattern's positions (SHA-256 of the index arrays)."""
+    return hashlib.sha256(np.asarray(rows, np.int32).tobytes()
+                          + np.asarray(cols, np.int32).tobytes()).hexdigest()
 
 
 @keras.saving.register_keras_serializable(package="tfsparse")
@@ -94,7 +96,7 @@ class SparseDense(keras.layers.Layer, tfmot.sparsity.keras.PrunableLayer):
         ):
             raise invalid_value("units", "a positive integer", units)
         self.units = int(units)
-        self._pattern_matrix, self._pattern_nnz = self._check_pattern(pattern)
+        self._pattern_matrix, self._config_pattern = self._check_pattern(pattern)
         if density is not None and pattern is not None:
             raise invalid_value(
                 "density", "None when a pattern is given (the pattern sets it)",
@@ -126,13 +128,17 @@ class SparseDense(keras.layers.Layer, tfmot.sparsity.keras.PrunableLayer):
         self.kernel_constraint = keras.constraints.get(kernel_constraint)
         self.bias_constraint = keras.constraints.get(bias_constraint)
         self.supports_masking = True
+        # Set by tfsparse.dynamic for one eager forward pass: it records the
+        # inputs and watches the pre-activation outputs (the dense gradient of
+        # the kernel is inputs^T @ d loss / d outputs).
+        self._gradient_probe = None
 
     def _check_pattern(self, pattern):
-        """Returns (scipy matrix or None, nnz of a config-only pattern or None)."""
+        """Returns (scipy matrix or None, SparsityPattern from a config or None)."""
         if pattern is None:
             return None, None
-        if isinstance(pattern, dict):  # from get_config: shape only, weights follow
-            return None, int(pattern["nnz"])
+        if isinstance(pattern, dict):  # from get_config: the encoded positions
+            return None, self._check_config_pattern(_pattern_config.decode(pattern))
         if not scipy.sparse.issparse(pattern):
             raise invalid_value(
                 "pattern", "a scipy.sparse matrix of shape (input_dim, units)",
@@ -154,6 +160,15 @@ class SparseDense(keras.layers.Layer, tfmot.sparsity.keras.PrunableLayer):
             raise invalid_value("pattern", "at least one nonzero", received="an all-zero pattern")
         return pattern, None
 
+    def _check_config_pattern(self, pattern):
+        if pattern.shape[1] != self.units:
+            raise invalid_value(
+                "pattern",
+                f"a pattern of shape (input_dim, {self.units}) (units={self.units})",
+                received=f"pattern of shape {pattern.shape}",
+            )
+        return pattern
+
     def build(self, input_shape):
         input_shape = tf.TensorShape(input_shape)
         if input_shape.rank is None or input_shape.rank < 2 or input_shape[-1] is None:
@@ -174,13 +189,19 @@ class SparseDense(keras.layers.Layer, tfmot.sparsity.keras.PrunableLayer):
                     received=f"pattern of shape {self._pattern_matrix.shape}",
                 )
             pattern, values = SparsityPattern.from_scipy(self._pattern_matrix)
-        elif self._pattern_nnz is not None:
-            pattern = _placeholder_pattern(input_dim, self.units, self._pattern_nnz)
+        elif self._config_pattern is not None:
+            pattern = self._config_pattern
+            if pattern.shape[0] != input_dim:
+                raise invalid_value(
+                    "inputs", f"inputs of dimension {pattern.shape[0]} (the pattern's)",
+                    received=f"inputs of shape {input_shape}",
+                )
         else:
             pattern = SparsityPattern.random(
                 (input_dim, self.units), self.density_setting, self.seed
             )
         self._add_pattern_weights(pattern)
+        self._built_pattern_digest = _digest(pattern.rows, pattern.cols)
         if values is not None:
             initializer = _initializers.from_array(values)
         else:
@@ -236,6 +257,45 @@ class SparseDense(keras.layers.Layer, tfmot.sparsity.keras.PrunableLayer):
             (self.input_dim, self.units),
         )
 
+    def set_pattern(self, pattern, values):
+        """Moves the kernel's nonzeros: a new pattern with as many nonzeros.
+
+        Writes the pattern's int32 weights and ``values`` (in the new pattern's
+        order); the number of nonzeros, so every weight's shape, stays. The
+        optimizer's slots of ``values`` are the caller's to permute
+        (``tfsparse.dynamic`` does).
+
+        Args:
+          pattern: a ``SparsityPattern`` of shape ``(input_dim, units)`` and
+            ``nnz`` nonzeros (sorted, without repeats, as it guarantees).
+          values: array or tensor ``[nnz]``, the new nonzeros in its order.
+
+        Example:
+          >>> import numpy as np
+          >>> from tfsparse.ops import SparsityPattern
+          >>> layer = SparseDense(2, density=0.5, seed=0)
+          >>> _ = layer(np.ones((1, 2), "float32"))
+          >>> layer.set_pattern(SparsityPattern.from_coo([1, 0], [0, 1], (2, 2)),
+          ...                   np.array([3.0, 4.0], "float32"))
+          >>> layer.to_scipy().toarray().tolist()
+          [[0.0, 4.0], [3.0, 0.0]]
+        """
+        self._require_built("set_pattern")
+        if not isinstance(pattern, SparsityPattern):
+            raise invalid_value("pattern", "a tfsparse.ops.SparsityPattern",
+                                received=f"pattern of type {type(pattern).__name__}")
+        if pattern.shape != (self.input_dim, self.units) or pattern.nnz != self.nnz:
+            raise invalid_value(
+                "pattern",
+                f"a pattern of shape {(self.input_dim, self.units)} with {self.nnz} "
+                "nonzeros (the layer's)",
+                received=f"pattern of shape {pattern.shape} with {pattern.nnz} nonzeros",
+            )
+        self.pattern_rows.assign(pattern.rows)
+        self.pattern_cols.assign(pattern.cols)
+        self.pattern_row_major_order.assign(pattern.row_major_order)
+        self.values.assign(tf.reshape(tf.cast(values, self.values.dtype), [self.nnz]))
+
     def _kernel_penalty(self):
         regularizer = self.kernel_regularizer
         with tf.name_scope("values/Regularizer"):
@@ -263,6 +323,8 @@ class SparseDense(keras.layers.Layer, tfmot.sparsity.keras.PrunableLayer):
         outputs = sparse_matmul(
             inputs, self.values, pattern, bias=self.bias if self.use_bias else None,
         )
+        if self._gradient_probe is not None:  # tfsparse.dynamic's RigL, eager only
+            self._gradient_probe(self, inputs, outputs)
         if leading is not None:
             outputs = tf.reshape(outputs, tf.concat([leading, [self.units]], axis=0))
         if self.activation is not None:
@@ -309,21 +371,37 @@ class SparseDense(keras.layers.Layer, tfmot.sparsity.keras.PrunableLayer):
         """tfmot's PrunableLayer interface: the values are prunable."""
         return [self.values]
 
+    def _config_pattern_entry(self):
+        """None for the seed's random pattern, else the encoded positions.
+
+        A built layer describes its current pattern, so a clone of a layer
+        whose pattern moved (``tfsparse.dynamic``) or was loaded is the same
+        network.
+        """
+        if self.built:
+            rows, cols = self.pattern_rows.numpy(), self.pattern_cols.numpy()
+            if self.density_setting is not None and (
+                _digest(rows, cols) == self._built_pattern_digest
+            ):
+                return None
+            return _pattern_config.encode(
+                SparsityPattern(rows, cols, (self.input_dim, self.units))
+            )
+        if self._pattern_matrix is not None:
+            return _pattern_config.encode(SparsityPattern.from_scipy(self._pattern_matrix)[0])
+        if self._config_pattern is not None:
+            return _pattern_config.encode(self._config_pattern)
+        return None
+
     def get_config(self):
         config = super().get_config()
-        if self._pattern_matrix is not None or self._pattern_nnz is not None:
-            nnz = self.nnz if self.built else (
-                self._pattern_nnz
-                if self._pattern_nnz is not None
-                else int(self._pattern_matrix.count_nonzero())
-            )
-            pattern = {"nnz": nnz}
-        else:
-            pattern = None
+        density, pattern = self.density_setting, self._config_pattern_entry()
+        if pattern is not None:
+            density = None
         config.update(
             {
                 "units": self.units,
-                "density": self.density_setting,
+                "density": density,
                 "pattern": pattern,
                 "seed": self.seed,
                 "activation": keras.activations.serialize(self.activation),

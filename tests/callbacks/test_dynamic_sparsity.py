@@ -1,0 +1,179 @@
+"""callbacks.DynamicSparsity in model.fit: schedule, saving, resuming, refusals."""
+
+import pathlib
+import sys
+
+import numpy as np
+import pytest
+
+from callbacks import DynamicSparsity
+from tfsparse._keras import keras
+from tfsparse.dynamic import drop_fraction_at
+from tfsparse.layers import SparseDense
+
+sys.path.insert(0, str(pathlib.Path(__file__).parents[1] / "layers"))
+from layer_contract import serve_in_fresh_process  # noqa: E402
+
+RNG = np.random.default_rng(0)
+X = RNG.standard_normal((64, 12)).astype(np.float32)
+Y = (X[:, :3] @ RNG.standard_normal((3, 4))).astype(np.float32)
+
+
+def _model(seed=0, optimizer="adam"):
+    keras.utils.set_random_seed(seed)
+    model = keras.Sequential([
+        keras.Input((12,)),
+        SparseDense(16, density=0.25, seed=seed, activation="relu", name="hidden"),
+        SparseDense(4, density=0.5, seed=seed + 1, name="out"),
+    ])
+    model.compile(optimizer, "mse")
+    return model
+
+
+def _patterns(model):
+    return [layer.pattern for layer in model.layers]
+
+
+@pytest.mark.parametrize("method", ["rigl", "set"])
+def test_updates_follow_the_schedule_and_keep_nnz(method):
+    model = _model()
+    before = _patterns(model)
+    nnz = [layer.nnz for layer in model.layers]
+    callback = DynamicSparsity(method, update_every=3, drop_fraction=0.5, end_step=0.5,
+                               data=(X, Y), batch_size=16, seed=1)
+    model.fit(X, Y, batch_size=8, epochs=3, verbose=0, callbacks=[callback])
+    end = int(0.5 * 8 * 3)  # 24 steps of training
+    assert [u["step"] for u in callback.updates] == [3, 6, 9]
+    for update in callback.updates:
+        assert update["drop_fraction"] == drop_fraction_at(update["step"], 0.5, end)
+    assert [layer.nnz for layer in model.layers] == nnz
+    assert any(a != b for a, b in zip(before, _patterns(model)))
+    # Each layer moved floor(f * nnz) positions at most (some dropped weights regrow).
+    for update in callback.updates:
+        for layer, count in zip(model.layers, nnz):
+            assert 0 <= update["moved"][layer.name] <= int(update["drop_fraction"] * count)
+    dense = [(layer.to_scipy().toarray(), layer.bias.numpy()) for layer in model.layers]
+    hidden = np.maximum(X @ dense[0][0] + dense[0][1], 0)
+    # float32 sums of <= 16 O(1) products: 1e-4 absolute is far above rounding.
+    np.testing.assert_allclose(model.predict(X, verbose=0), hidden @ dense[1][0] + dense[1][1],
+                               atol=1e-4)
+
+
+def test_layers_argument_limits_the_update():
+    model = _model()
+    out_before = model.layers[1].pattern
+    callback = DynamicSparsity("set", update_every=2, layers=["hidden"], seed=0)
+    model.fit(X, Y, batch_size=8, epochs=1, verbose=0, callbacks=[callback])
+    assert model.layers[1].pattern == out_before
+    assert list(callback.updates[0]["moved"]) == ["hidden"]
+
+
+def _fit_with_backup(model, backup_dir, epochs, stop_after=None):
+    class Interrupt(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            if stop_after is not None and epoch + 1 == stop_after:
+                raise RuntimeError("interrupted")
+
+    callbacks = [DynamicSparsity("rigl", update_every=5, data=(X, Y), batch_size=16, seed=2),
+                 keras.callbacks.BackupAndRestore(str(backup_dir)), Interrupt()]
+    model.fit(X, Y, batch_size=8, epochs=epochs, verbose=0, shuffle=False,
+              callbacks=callbacks)
+
+
+def test_backup_and_restore_resumes_bit_identically(tmp_path):
+    uninterrupted = _model(seed=3)
+    _fit_with_backup(uninterrupted, tmp_path / "a", epochs=4)
+    interrupted = _model(seed=3)
+    with pytest.raises(RuntimeError, match="interrupted"):
+        _fit_with_backup(interrupted, tmp_path / "b", epochs=4, stop_after=2)
+    resumed = _model(seed=3)  # a new process would build the model anew
+    _fit_with_backup(resumed, tmp_path / "b", epochs=4)
+    assert _patterns(resumed) == _patterns(uninterrupted)
+    for a, b in zip(resumed.get_weights(), uninterrupted.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    for a, b in zip(resumed.optimizer.variables, uninterrupted.optimizer.variables):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+def test_moved_pattern_survives_keras_format_clone_and_saved_model(tmp_path):
+    model = _model()
+    model.fit(X, Y, batch_size=8, epochs=2, verbose=0, callbacks=[
+        DynamicSparsity("set", update_every=4, drop_fraction=0.5, seed=0)])
+    moved = _patterns(model)
+    assert moved != _patterns(_model())
+    expected = model.predict(X, verbose=0)
+    model.save(tmp_path / "model.keras")
+    loaded = keras.models.load_model(tmp_path / "model.keras")
+    assert _patterns(loaded) == moved
+    np.testing.assert_array_equal(loaded.predict(X, verbose=0), expected)
+    # A clone is the same network (pattern), with fresh values, as for Dense.
+    assert _patterns(keras.models.clone_model(model)) == moved
+    model.save(tmp_path / "saved_model", save_format="tf")
+    # Served by TensorFlow's CSR ops (no tfsparse there), which sum in another
+    # order than the compiled kernels: float32 sums of <= 16 O(1) terms agree
+    # to a few ulps, far inside 1e-5; a stale pattern would differ by O(0.1).
+    np.testing.assert_allclose(
+        serve_in_fresh_process(tmp_path / "saved_model", X, tmp_path), expected, atol=1e-5)
+
+
+def _message(name, expected, received):
+    return (f'Received an invalid value for "{name}", expected {expected}. '
+            f"Received: {name}={received}")
+
+
+def test_invalid_arguments_are_all_reported():
+    with pytest.raises(ValueError) as error:
+        DynamicSparsity("snip", update_every=0, drop_fraction=1.5, decay="step",
+                        end_step=0, batch_size=0, seed=None)
+    assert str(error.value).split("\n") == [
+        _message("method", "one of ('rigl', 'set')", "'snip'"),
+        _message("update_every", "an integer >= 1", "0"),
+        _message("drop_fraction", "a float in (0, 1]", "1.5"),
+        _message("decay", "one of ('cosine', 'constant', 'linear')", "'step'"),
+        _message("end_step", "an integer >= 1 or a float in (0, 1]", "0"),
+        _message("batch_size", "an integer >= 1", "0"),
+        _message("seed", "an integer", "None"),
+    ]
+    with pytest.raises(ValueError, match='"data", expected \\(x, y\\) training arrays'):
+        DynamicSparsity("rigl")
+
+
+def test_misuse_is_refused_with_a_clear_error():
+    model = _model()
+    with pytest.raises(ValueError, match='"layers"'):
+        model.fit(X, Y, epochs=1, verbose=0,
+                  callbacks=[DynamicSparsity("set", layers=["nope"])])
+    dense = keras.Sequential([keras.Input((12,)), keras.layers.Dense(4)])
+    dense.compile("adam", "mse")
+    with pytest.raises(ValueError, match="no SparseDense layer"):
+        dense.fit(X, Y, epochs=1, verbose=0, callbacks=[DynamicSparsity("set")])
+    model.compile("adam", "mse", steps_per_execution=2)
+    with pytest.raises(ValueError, match="steps_per_execution=1"):
+        model.fit(X, Y, batch_size=8, epochs=1, verbose=0,
+                  callbacks=[DynamicSparsity("set", update_every=2)])
+
+
+def test_pipelined_model_is_refused():
+    from tfsparse.distribute import PipelineStrategy
+
+    strategy = PipelineStrategy(devices=["/cpu:0"], num_microbatches=2)
+    model = _model()
+    strategy.attach(model)
+    with pytest.raises(ValueError, match="PipelineStrategy"):
+        model.fit(X, Y, batch_size=8, epochs=1, verbose=0,
+                  callbacks=[DynamicSparsity("set", update_every=2)])
+
+
+def test_partitioned_model_is_refused():
+    hvd = pytest.importorskip("horovod.tensorflow", reason="Horovod is not installed")
+    from tfsparse.partition import distribute
+    from tfsparse.partition import partition_rows
+
+    hvd.init()
+    model = _model()
+    part = partition_rows([layer.to_scipy() for layer in model.layers], hvd.size())
+    distributed = distribute(model, part)
+    distributed.compile("adam", "mse")
+    with pytest.raises(ValueError, match="row-partitioned model"):
+        distributed.fit(X, Y, batch_size=8, epochs=1, verbose=0,
+                        callbacks=[DynamicSparsity("set", update_every=2)])

@@ -1,0 +1,67 @@
+"""The per-position state an optimizer keeps for a variable.
+
+When a layer's nonzeros move, every state shaped like its values vector
+moves with them: the optimizer's slots (Adam's moments, momentum, ...) and
+the error-feedback residuals of ``tfsparse.horovod.DistributedOptimizer``.
+Keras has no public way to list a variable's slots in its new optimizers:
+this module is the one place that reads their private attributes
+(``_index_dict``, ``_var_key`` and the per-variable slot lists);
+tests/dynamic/test_optimizer_state.py fails loudly if an upgrade moves them.
+"""
+
+import tensorflow as tf
+
+from tfsparse._keras import keras
+
+
+def _inner(optimizer):
+    while isinstance(optimizer, keras.mixed_precision.LossScaleOptimizer):
+        optimizer = optimizer.inner_optimizer
+    return optimizer
+
+
+def slots_of(optimizer, variable):
+    """The optimizer's slot variables of ``variable`` (empty before its first step)."""
+    optimizer = _inner(optimizer)
+    if isinstance(optimizer, keras.optimizers.legacy.Optimizer):
+        slots = []
+        for name in optimizer.get_slot_names():
+            try:
+                slots.append(optimizer.get_slot(variable, name))
+            except KeyError:  # created at the first step
+                pass
+        return slots
+    index = getattr(optimizer, "_index_dict", {}).get(optimizer._var_key(variable))
+    if index is None:
+        return []
+    count = len(optimizer._index_dict)
+    slots = []
+    for attribute in vars(optimizer).values():
+        if (isinstance(attribute, list) and len(attribute) == count
+                and all(isinstance(v, tf.Variable) for v in attribute)):
+            slots.append(attribute[index])
+    return slots
+
+
+def residual_of(optimizer, variable):
+    """The error-feedback residual of ``variable``, or None without one."""
+    exchange = getattr(_inner(optimizer), "compression_exchange", None)
+    return None if exchange is None else exchange.residual_of(variable)
+
+
+def position_state(optimizer, variable):
+    """Every variable shaped like ``variable`` whose entries follow its positions."""
+    if optimizer is None:
+        return []
+    state = slots_of(optimizer, variable)
+    residual = residual_of(optimizer, variable)
+    if residual is not None:
+        state.append(residual)
+    for slot in state:
+        if slot.shape != variable.shape:
+            raise NotImplementedError(
+                f"The optimizer {type(optimizer).__name__} keeps a state of shape "
+                f"{slot.shape} for {variable.name} (of shape {variable.shape}): only "
+                "per-position states can follow a moving pattern."
+            )
+    return state

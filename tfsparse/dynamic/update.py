@@ -1,0 +1,99 @@
+"""One drop-and-grow update of a SparseDense layer, with its optimizer state."""
+
+import sys
+
+import numpy as np
+import tensorflow as tf
+
+from tfsparse.dynamic import _optimizer_state
+from tfsparse.dynamic import selection
+from tfsparse.ops import SparsityPattern
+
+
+def drop_and_grow(layer, fraction, grow, optimizer=None, agree=None):
+    """Moves ``floor(fraction * nnz)`` of ``layer``'s nonzeros; nnz stays.
+
+    Drops the smallest-magnitude weights (``selection.kept_after_drop``),
+    then grows as many positions chosen by ``grow`` among those not kept (a
+    weight just dropped may grow back: it then keeps its value, as in RigL).
+    Surviving weights keep their values and optimizer state; grown ones
+    start at 0 with zero state (optimizer slots and error-feedback
+    residuals); dropped ones lose theirs. The layer's pattern stays sorted.
+
+    Args:
+      layer: a built ``SparseDense``.
+      fraction: fraction of the nonzeros to move, in [0, 1].
+      grow: ``f(taken_keys, count) -> sorted keys`` of the positions to grow.
+      optimizer: the model's optimizer (its slots of ``layer.values`` move too).
+      agree: optional ``f(keys) -> keys`` run on the new pattern's keys, e.g.
+        a Horovod broadcast so every rank keeps the same pattern.
+
+    Returns:
+      The number of positions that are new (grown and not just dropped).
+
+    Example:
+      >>> import numpy as np
+      >>> from tfsparse.layers import SparseDense
+      >>> layer = SparseDense(4, density=0.5, seed=0)
+      >>> _ = layer(np.ones((1, 8), "float32"))
+      >>> rng = np.random.default_rng(0)
+      >>> def grow(taken, count):
+      ...     return selection.random_free_keys(rng, 32, count, taken)
+      >>> moved = drop_and_grow(layer, 0.25, grow)
+      >>> layer.nnz, moved <= 4
+      (16, True)
+    """
+    pattern = layer.pattern
+    input_dim = pattern.shape[0]
+    old_keys = selection.keys_of(pattern.rows, pattern.cols, input_dim)
+    count = int(np.floor(fraction * pattern.nnz))  # as RigL: n_prune = floor
+    if count == 0:
+        return 0
+    values = layer.values.numpy()
+    kept = old_keys[selection.kept_after_drop(values, count)]
+    new_keys = np.sort(np.concatenate([kept, np.asarray(grow(kept, count), np.int64)]))
+    if agree is not None:
+        new_keys = np.asarray(agree(new_keys), np.int64)
+    if new_keys.size != pattern.nnz or np.any(np.diff(new_keys) <= 0):
+        raise RuntimeError("A pattern update must keep nnz distinct positions.")
+    source = selection.new_order(old_keys, new_keys)
+
+    def moved(array):
+        return np.where(source >= 0, array[np.maximum(source, 0)], 0).astype(array.dtype)
+
+    states = _optimizer_state.position_state(optimizer, layer.values)
+    layer.set_pattern(
+        SparsityPattern(new_keys % input_dim, new_keys // input_dim, pattern.shape),
+        moved(values),
+    )
+    for state in states:
+        state.assign(moved(state.numpy()))
+    return int(np.sum(source < 0))
+
+
+def active_horovod():
+    """``horovod.tensorflow`` when initialized with more than one process, else None."""
+    hvd = sys.modules.get("horovod.tensorflow")
+    if hvd is None:
+        return None
+    try:
+        return hvd if hvd.is_initialized() and hvd.size() > 1 else None
+    except ValueError:
+        return None
+
+
+def horovod_agreement(hvd, name):
+    """The ``agree`` and ``average`` functions of one layer's update under Horovod.
+
+    Grow scores are averaged over the ranks block by block (``hvd.allreduce``);
+    rank 0's new keys are then broadcast, so every rank holds the same pattern
+    even where floating-point sums differ in the last bit.
+    """
+
+    def agree(keys):
+        return hvd.broadcast(tf.constant(keys, tf.int64), 0, name=f"{name}_keys").numpy()
+
+    def average(block, start):
+        return hvd.allreduce(block, op=hvd.Average, name=f"{name}_grad_{start}")
+
+    return agree, average
