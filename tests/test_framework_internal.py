@@ -18,6 +18,7 @@ import tensorflow as tf
 import tensorflow_model_optimization as tfmot
 
 from tfsparse import _framework_internal
+from tfsparse._framework_internal import optimizer_slot_index
 from tfsparse._keras import keras
 from tfsparse.horovod import MetricAverageCallback
 from tfsparse.layers import SparseDense
@@ -118,6 +119,19 @@ def test_tensorflow_lazy_keras_loader_is_read_without_resolving_it(legacy, after
     assert result.stdout.split() == ["False", str(after)]
 
 
+def test_optimizer_slot_index_finds_the_slots_of_each_variable():
+    a, b = tf.Variable([1.0, 2.0]), tf.Variable([3.0])
+    optimizer = keras.optimizers.Adam(0.1)
+    assert optimizer_slot_index(optimizer, a) is None  # before the slots exist
+    optimizer.apply_gradients([(tf.ones(2), a), (tf.ones(1), b)])
+    index_a, count = optimizer_slot_index(optimizer, a)
+    index_b, _ = optimizer_slot_index(optimizer, b)
+    assert count == 2 and {index_a, index_b} == {0, 1}
+    # Adam's first moments, in that order: one step of gradient 1 gives (1 - beta_1) * 1.
+    assert optimizer._momentums[index_b].shape == (1,)
+    np.testing.assert_allclose(optimizer._momentums[index_a].numpy(), [0.1, 0.1], rtol=1e-6)
+
+
 def test_sparse_dense_is_prunable_through_tfmots_public_class():
     assert issubclass(SparseDense, tfmot.sparsity.keras.PrunableLayer)
 
@@ -126,6 +140,7 @@ def test_sparse_dense_is_prunable_through_tfmots_public_class():
 _PRIVATE_NAMES = {
     "_callable_losses", "_is_graph_network", "_train_counter", "_test_counter",
     "_predict_counter", "_tfll_initialized", "_tfll_keras_version", "backend",
+    "_index_dict", "_var_key",
 }
 _INTERNAL_FILES = {"tfsparse/_framework_internal.py", "tfsparse/ops/_tf_internal.py"}
 

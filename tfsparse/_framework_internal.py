@@ -1,7 +1,7 @@
 """The one place where tfsparse reads non-public attributes of its frameworks.
 
-tf_keras, TensorFlow's lazy ``tf.keras`` loader and Horovod's Keras callbacks
-keep a few things tfsparse needs in underscore attributes, with no public
+tf_keras (its models and optimizers), TensorFlow's lazy ``tf.keras`` loader
+and Horovod's Keras callbacks keep a few things tfsparse needs in underscore attributes, with no public
 equivalent. Every such read or write goes through this file (TensorFlow's own
 non-public modules go through ``tfsparse.ops._tf_internal``), and each is
 read directly, never with a default: an upgrade that renames one breaks here,
@@ -108,3 +108,17 @@ def tf_keras_resolved_to_keras_3(tensorflow):
     # After first use the loader is replaced by the module itself:
     # keras._tf_keras.keras for Keras 3, tf_keras.api._v2.keras for Keras 2.
     return str(state.get("__name__", "")).split(".")[0] == "keras"
+
+
+def optimizer_slot_index(optimizer, variable):
+    """``(index, count)``: where tf_keras's optimizer keeps ``variable``'s slots.
+
+    The (non-legacy) optimizer keeps each slot kind in a list with one entry
+    per variable it has built, at the variable's index in ``_index_dict``
+    (keyed by ``_var_key``). Returns None before the optimizer built the
+    variable's slots.
+    """
+    if "_index_dict" not in vars(optimizer):  # build() makes it, at the first step
+        return None
+    index = optimizer._index_dict.get(optimizer._var_key(variable))
+    return None if index is None else (index, len(optimizer._index_dict))

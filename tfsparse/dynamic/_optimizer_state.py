@@ -4,13 +4,15 @@ When a layer's nonzeros move, every state shaped like its values vector
 moves with them: the optimizer's slots (Adam's moments, momentum, ...) and
 the error-feedback residuals of ``tfsparse.horovod.DistributedOptimizer``.
 Keras has no public way to list a variable's slots in its new optimizers:
-this module is the one place that reads their private attributes
-(``_index_dict``, ``_var_key`` and the per-variable slot lists);
-tests/dynamic/test_optimizer_state.py fails loudly if an upgrade moves them.
+``tfsparse._framework_internal.optimizer_slot_index`` reads where they are
+(tests/dynamic/test_optimizer_state.py and tests/test_framework_internal.py
+fail loudly if an upgrade moves them), and the slot lists are the
+optimizer's attributes with one variable per built variable.
 """
 
 import tensorflow as tf
 
+from tfsparse import _framework_internal
 from tfsparse._keras import keras
 
 
@@ -31,10 +33,10 @@ def slots_of(optimizer, variable):
             except KeyError:  # created at the first step
                 pass
         return slots
-    index = getattr(optimizer, "_index_dict", {}).get(optimizer._var_key(variable))
-    if index is None:
+    position = _framework_internal.optimizer_slot_index(optimizer, variable)
+    if position is None:
         return []
-    count = len(optimizer._index_dict)
+    index, count = position
     slots = []
     for attribute in vars(optimizer).values():
         if (isinstance(attribute, list) and len(attribute) == count

@@ -8,6 +8,19 @@ bias; BatchNormalization loses the statistics of removed channels; the
 other supported layers are rebuilt from their config. Opaque layers are
 rebuilt from their config with their weights, every channel around them
 kept, and listed by :func:`intact_layers`.
+
+Example:
+  >>> import numpy as np
+  >>> from tfsparse._keras import keras
+  >>> from tfsparse.fssl.functional import compact_graph
+  >>> inputs = keras.Input((4,))
+  >>> hidden = keras.layers.Dense(3, activation="relu")(inputs)
+  >>> model = keras.Model(inputs, keras.layers.Dense(2)(hidden))
+  >>> kernel, bias = model.layers[1].get_weights()
+  >>> kernel[:, 0], bias[0] = 0.0, 0.0  # hidden unit 0 is always 0: removable
+  >>> model.layers[1].set_weights([kernel, bias])
+  >>> compact_graph(model, 0.0).layers[1].units
+  2
 """
 
 import warnings
