@@ -128,9 +128,9 @@ class SpmmOp : public OpKernel {
     if (batch == 0 || units == 0) return;
     const T* bias =
         bias_tensor.NumElements() == 0 ? nullptr : bias_tensor.flat<T>().data();
-    RunSpmm<T>(isa_, ctx, x_tensor.flat<T>().data(), values_tensor.flat<T>().data(),
-            idx, ptr.data(), bias, batch, n_in, units, nnz,
-            y_tensor->flat<T>().data());
+    RunSpmm<T>(isa_, ctx, x_tensor.flat<T>().data(),
+               values_tensor.flat<T>().data(), idx, ptr.data(), bias, batch,
+               n_in, units, nnz, y_tensor->flat<T>().data());
   }
 
  private:
