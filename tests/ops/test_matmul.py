@@ -78,6 +78,13 @@ def test_forward_and_gradients_match_masked_dense_reference(
         (16, 16, 16),
         (48, 13, 21),  # whole panels; inputs fewer than one 16-wide transpose
         (33, 24, 40),  # 8-wide (AVX2) and 16-wide (AVX-512) transposes plus a tail
+        (1, 300, 70),  # one row: no panel, nonzeros read straight from x
+        (2, 61, 33),
+        (3, 300, 70),  # the largest batch without a panel
+        (4, 61, 33),  # the smallest batch with a panel
+        (8, 300, 70),  # one whole 8-row panel split over column ranges
+        (12, 61, 33),  # two 8-row panels, the second partial
+        (64, 300, 70),  # several 16-row panels split over column ranges
     ],
 )
 def test_float32_matches_float64_reference_within_rounding(use_kernel, batch, input_dim, units):
