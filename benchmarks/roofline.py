@@ -110,7 +110,13 @@ def roofline(rates, madds, loads):
 
 
 def spmm_panel_rows(variant, batch, dtype_bytes=4):
-    """The batch rows per panel the SpMM kernel uses (spmm_variant.inc)."""
+    """The batch rows per panel the SpMM kernel uses (spmm_variant.inc).
+
+    Batches of up to 3 rows read ``x`` itself (SpmmFewRows): one "panel" of
+    exactly ``batch`` rows.
+    """
+    if batch <= 3:
+        return batch
     if variant != "portable" and dtype_bytes == 4 and batch >= 16:
         return 16
     return 8

@@ -170,6 +170,9 @@ def main():
                for name, (layer, used) in sparse.items()}
     predict["SparseDense on TF CSR ops (GPU path)"] = traced(None, lambda: tf_ops(x))
     predict["Dense"] = traced(None, lambda: dense(x))
+    # What any layer called through a tf.function pays per call on this
+    # machine, whatever it computes: the floor of the small batches.
+    predict["tf.function returning x (call floor)"] = traced(None, lambda: tf.identity(x))
     # Every candidate ends with its product as a NumPy array, as SciPy's
     # does: np.asarray views a CPU tensor's buffer (Tensor.numpy() would add a
     # copy of the output to the TensorFlow candidates only).
