@@ -15,7 +15,9 @@ rounds. Each worker also times SciPy's product: the reference that shows how
 loaded the machine was in each process. Prints the range of the medians over
 the rounds, and for every row how much faster SparseDense is than the fastest
 peer (the worst round for SparseDense against the best for the peer).
-Candidates missing from the peers' environment are reported as absent.
+Candidates missing from the peers' environment are reported as absent. The
+peers' OpenMP threads wait passively (OMP_WAIT_POLICY=PASSIVE, their faster
+setting on a few shared cores) unless the environment sets a policy.
 """
 
 import argparse
@@ -129,6 +131,12 @@ def spawn(python, worker, matrix_path, args):
                "--repeats", str(args.repeats), "--batches", *map(str, args.batches)]
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=os.pathsep.join(
         [str(HERE.parent), str(HERE), os.environ.get("PYTHONPATH", "")]))
+    if worker == "torch":
+        # PyTorch and SparseProp's backend each bring an OpenMP runtime whose
+        # idle threads spin by default; on a few shared cores they steal them
+        # from each other (here they made both peers 1.6-2x slower). Passive
+        # waiting is the peers' best setting, unless the caller chose one.
+        env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"the {worker} worker failed:\n{done.stderr[-3000:]}")
