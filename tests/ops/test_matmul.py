@@ -113,6 +113,24 @@ def test_float32_matches_float64_reference_within_rounding(use_kernel, batch, in
 
 
 @pytest.mark.parametrize("use_kernel", PATHS)
+@pytest.mark.parametrize("batch", [1, 3])
+def test_few_rows_of_a_large_kernel_run_on_the_thread_pool(use_kernel, batch):
+    # Over 2**18 nonzeros: batches of 1-3 rows split the columns over the
+    # pool instead of running on the calling thread (spmm_variant.inc).
+    matrix = _kernel((1024, 512), 0.6, seed=8)
+    pattern, values = SparsityPattern.from_scipy(matrix)
+    assert pattern.nnz > 2**18
+    rng = np.random.default_rng(9)
+    x, dy = rng.standard_normal((batch, 1024)), rng.standard_normal((batch, 512))
+    y, dx, dvalues = _gradients(x, values, pattern, dy, use_function=True, use_kernel=use_kernel)
+    kernel = matrix.toarray()
+    # float64: sums of at most 1024 terms of size ~1, far below 1e-10.
+    np.testing.assert_allclose(y, x @ kernel, atol=1e-10)
+    np.testing.assert_allclose(dx, dy @ kernel.T, atol=1e-10)
+    np.testing.assert_allclose(dvalues, (x.T @ dy)[pattern.rows, pattern.cols], atol=1e-10)
+
+
+@pytest.mark.parametrize("use_kernel", PATHS)
 @pytest.mark.parametrize("batch", [1, 3, 8, 19])
 def test_any_batch_size_through_one_traced_function(use_kernel, batch):
     # 19 rows = two full panels of 8 and a partial one in the compiled kernel.
