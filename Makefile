@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.tfsparse-installed
 KERNEL := tfsparse/ops/kernels/_tfsparse_kernels.so
 
-.PHONY: setup test demo bench clean
+.PHONY: setup test demo bench peers clean
 
 setup: $(STAMP) $(KERNEL)
 
@@ -34,6 +34,23 @@ demo: setup
 	$(VENV)/bin/horovodrun -np 2 -H localhost:2 --gloo $(PY) examples/horovod_sidco_mnist.py --epochs 5
 	$(PY) examples/pipeline_mnist.py --epochs 3
 	$(VENV)/bin/horovodrun -np 2 -H localhost:2 --gloo $(PY) examples/partitioned_training.py
+
+# SparseDense against the sparse layers of other frameworks: PyTorch (its
+# CPU build) and SparseProp, in an environment of their own, outside $(VENV)
+# and `make test`. SparseProp compiles its C++ backend at install: its setup
+# calls pip and `python3 -m pybind11`, so the environment's bin comes first.
+PEERS_VENV := .venv-peers
+PEERS_STAMP := $(PEERS_VENV)/.peers-installed
+
+$(PEERS_STAMP):
+	test -x $(PEERS_VENV)/bin/python || $(PYTHON) -m venv $(PEERS_VENV)
+	$(PEERS_VENV)/bin/pip install -q torch==2.13.0 numpy scipy pybind11 setuptools wheel
+	PATH=$(CURDIR)/$(PEERS_VENV)/bin:$$PATH $(PEERS_VENV)/bin/pip install -q \
+		--no-build-isolation sparseprop==0.1.14
+	touch $@
+
+peers: setup $(PEERS_STAMP)
+	$(PY) benchmarks/peers.py --peers-python $(PEERS_VENV)/bin/python
 
 # The README's figures (long: about half an hour on 2 cores).
 bench: setup

@@ -5,16 +5,16 @@
 
 Measures, in one process and interleaved (medians of repeated runs):
   * a training step (forward, gradients, SGD update) of SparseDense (compiled
-    kernels, and TensorFlow's CSR ops: its GPU path), Dense, and a layer built
-    on tf.sparse.sparse_dense_matmul;
+    kernels on each chosen variant, and TensorFlow's CSR ops: its GPU path),
+    Dense, and a layer built on tf.sparse.sparse_dense_matmul;
   * inference of SparseDense, Dense and SciPy's CSR product (one thread).
-With ``--isa all``, SparseDense runs once per kernel variant the CPU
-supports (AVX-512, AVX2, portable), each traced on its variant, all in the
-same interleaved rounds. Prints the CPU, times, ratios and the targets per
-variant.
+Prints times, ratios, the issue's targets, and for every variant the roofline
+bound of its kernels on this machine (benchmarks/roofline.py) with the
+fraction of it SparseDense achieves.
 """
 
 import argparse
+import contextlib
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -24,8 +24,10 @@ import tensorflow as tf  # noqa: E402
 
 from tfsparse._keras import keras  # noqa: E402
 from tfsparse.layers import SparseDense  # noqa: E402
-from tfsparse.ops import SparsityPattern, sparse_matmul  # noqa: E402
-from timing import add_isa_argument, describe_machine, interleaved_medians, isas_to_run, traced_on  # noqa: E402
+from tfsparse.ops import SparsityPattern, kernels_available, sparse_matmul  # noqa: E402
+from tfsparse.ops import kernels  # noqa: E402
+import roofline  # noqa: E402
+from timing import cpu_model, interleaved_medians  # noqa: E402
 
 
 class TFSparseMatmulDense(keras.layers.Layer):
@@ -59,7 +61,8 @@ class TensorFlowOpsSparseDense(SparseDense):
         return tf.nn.bias_add(outputs, self.bias)
 
 
-def train_step_fn(layer, x, target):
+def train_step_fn(layer, x, target, variant=None):
+    """One SGD step as a zero-argument callable, traced under ``variant``."""
     optimizer = keras.optimizers.SGD(1e-3)
 
     @tf.function
@@ -70,7 +73,53 @@ def train_step_fn(layer, x, target):
         optimizer.apply_gradients(zip(grads, layer.trainable_weights))
         return loss
 
+    with kernels.use_isa(variant) if variant else contextlib.nullcontext():
+        step.get_concrete_function()
     return lambda: step().numpy()
+
+
+def chosen_variants(isa):
+    """The kernel variants to run: ``[None]`` is the default one."""
+    if not kernels_available():
+        return [None]
+    if isa == "all":
+        return list(kernels.supported_isas())
+    return [None if isa == "default" else isa]
+
+
+def sparse_dense_on(variant, n, matrix, x):
+    """A built SparseDense whose kernels (traced under ``variant``) are known."""
+    context = kernels.use_isa(variant) if variant else contextlib.nullcontext()
+    with context:
+        layer = SparseDense(n, pattern=matrix)
+        layer(x[:1])
+        return layer, kernels.isa()
+
+
+def traced(variant, fn):
+    """``fn`` as a tf.function traced under ``variant`` (its ops keep it)."""
+    function = tf.function(fn)
+    with kernels.use_isa(variant) if variant else contextlib.nullcontext():
+        function()
+    return function
+
+
+def print_rooflines(sparse_names, train, infer, args, nnz):
+    """Each variant's bounds on this machine and the fractions achieved."""
+    n, batch = args.size, args.batch
+    print(f"roofline bounds (benchmarks/roofline.py, {os.cpu_count()} threads; "
+          f"fraction = bound / median time)")
+    for name, variant in sparse_names.items():
+        if variant is None:
+            continue
+        rates = roofline.measure(variant, os.cpu_count())
+        forward, forward_by = roofline.spmm_bound(rates, variant, batch, n, n, nnz)
+        sddmm, sddmm_by = roofline.sddmm_bound(rates, batch, n, n, nnz)
+        step = 2 * forward + sddmm  # forward, input gradient (same shape), SDDMM
+        print(f"  {name}: inference bound {forward * 1e3:.2f} ms ({forward_by}), "
+              f"achieved {forward / infer[name]:.0%}; training-step kernels bound "
+              f"{step * 1e3:.2f} ms (SDDMM: {sddmm_by}), achieved {step / train[name]:.0%}")
+    print()
 
 
 def main():
@@ -79,9 +128,11 @@ def main():
     parser.add_argument("--per-column", type=int, default=32)
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=30)
-    add_isa_argument(parser)
+    parser.add_argument("--isa", default="default",
+                        choices=("default", "all", *kernels.ISAS),
+                        help="kernel variant(s) of SparseDense; 'all' runs every one "
+                             "the CPU supports side by side")
     args = parser.parse_args()
-    isas = isas_to_run(args.isa)
     n, batch = args.size, args.batch
     pattern = SparsityPattern.random((n, n), args.per_column / n, seed=0)
     rng = np.random.default_rng(0)
@@ -90,61 +141,73 @@ def main():
     x = tf.constant(rng.standard_normal((batch, n)).astype(np.float32))
     target = tf.constant(rng.standard_normal((batch, n)).astype(np.float32))
 
-    sparse = SparseDense(n, pattern=matrix)
+    sparse = {}
+    for variant in chosen_variants(args.isa):
+        layer, used = sparse_dense_on(variant, n, matrix, x)
+        sparse[f"SparseDense [{used or 'TF fallback'}]"] = (layer, used)
     tf_ops = TensorFlowOpsSparseDense(n, pattern=matrix)
     dense = keras.layers.Dense(n, kernel_initializer=keras.initializers.Constant(matrix.toarray()))
     tf_sparse = TFSparseMatmulDense(pattern, values)
-    for layer in (sparse, tf_ops, dense, tf_sparse):
+    for layer in (tf_ops, dense, tf_sparse):
         layer(x[:1])
     print(f"kernel {n}x{n}, {args.per_column} nonzeros per column "
           f"(nnz={pattern.nnz}, density={pattern.density:.4%}), batch {batch}, float32; "
-          f"{os.cpu_count()} CPUs; medians of {args.repeats} interleaved runs")
-    print(describe_machine(isas) + "\n")
-    names = {isa: f"SparseDense [{isa or 'TF fallback'}]" for isa in isas}
+          f"compiled kernels: {kernels_available()}; CPU: {cpu_model()}; "
+          f"{os.cpu_count()} CPUs; medians of {args.repeats} interleaved runs\n")
 
+    train_steps = {name: train_step_fn(layer, x, target, used)
+                   for name, (layer, used) in sparse.items()}
     train = interleaved_medians({
-        **{names[isa]: traced_on(isa, train_step_fn(sparse, x, target)) for isa in isas},
+        **train_steps,
         "SparseDense on TF CSR ops (GPU path)": train_step_fn(tf_ops, x, target),
         "Dense": train_step_fn(dense, x, target),
         "tf.sparse.sparse_dense_matmul layer": train_step_fn(tf_sparse, x, target),
     }, repeats=args.repeats)
 
     x_numpy = x.numpy()
-    predict = {
-        **{names[isa]: traced_on(isa, tf.function(lambda: sparse(x))) for isa in isas},
-        "SparseDense on TF CSR ops (GPU path)": tf.function(lambda: tf_ops(x)),
-        "Dense": tf.function(lambda: dense(x)),
-    }
+    predict = {name: traced(used, lambda layer=layer: layer(x))
+               for name, (layer, used) in sparse.items()}
+    predict["SparseDense on TF CSR ops (GPU path)"] = traced(None, lambda: tf_ops(x))
+    predict["Dense"] = traced(None, lambda: dense(x))
+    # What any layer called through a tf.function pays per call on this
+    # machine, whatever it computes: the floor of the small batches.
+    predict["tf.function returning x (call floor)"] = traced(None, lambda: tf.identity(x))
     # Every candidate ends with its product as a NumPy array, as SciPy's
     # does: np.asarray views a CPU tensor's buffer (Tensor.numpy() would add a
     # copy of the output to the TensorFlow candidates only).
     infer = interleaved_medians({
-        **{names[isa]: (lambda name=names[isa]: np.asarray(predict[name]())) for isa in isas},
-        "SparseDense on TF CSR ops (GPU path)":
-            lambda: np.asarray(predict["SparseDense on TF CSR ops (GPU path)"]()),
-        "Dense": lambda: np.asarray(predict["Dense"]()),
+        **{name: (lambda f=f: np.asarray(f())) for name, f in predict.items()},
         "SciPy CSR (1 thread)": lambda: x_numpy @ matrix,
     }, repeats=args.repeats)
 
-    def table(title, results, reference):
-        print(f"{title:<40} {'median ms':>10} {'/ ' + reference:>32}")
-        for name, seconds in results.items():
-            print(f"{name:<40} {seconds * 1e3:>10.2f} {seconds / results[reference]:>31.1f}x")
-        print()
+    for title, results in (("training step", train), ("inference", infer)):
+        print_table(title, results, sparse)
+    print_rooflines({name: used for name, (_, used) in sparse.items()}, train, infer, args,
+                    pattern.nnz)
+    for name in sparse:
+        print_targets(name, train, infer)
 
-    table("training step", train, names[isas[0]])
-    table("inference", infer, names[isas[0]])
-    for isa in isas:
-        ours_train, ours_infer = train[names[isa]], infer[names[isa]]
-        targets = [
-            ("train step >= 6x faster than Dense", train["Dense"] / ours_train, 6),
-            ("train step >= 3x faster than tf.sparse layer",
-             train["tf.sparse.sparse_dense_matmul layer"] / ours_train, 3),
-            ("inference >= 10x faster than Dense", infer["Dense"] / ours_infer, 10),
-            ("inference not slower than SciPy CSR", infer["SciPy CSR (1 thread)"] / ours_infer, 1),
-        ]
-        for name, ratio, goal in targets:
-            print(f"{'PASS' if ratio >= goal else 'FAIL'}  [{isa or 'TF fallback'}] {name}: {ratio:.1f}x")
+
+def print_table(title, results, sparse):
+    """Medians and how much faster each SparseDense variant is than each."""
+    header = " ".join(f"{name.split()[-1] + ' faster by':>22}" for name in sparse)
+    print(f"{title:<40} {'median ms':>10} {header}")
+    for name, seconds in results.items():
+        ratios = " ".join(f"{seconds / results[ref]:>21.2f}x" for ref in sparse)
+        print(f"{name:<40} {seconds * 1e3:>10.3f} {ratios}")
+    print()
+
+
+def print_targets(name, train, infer):
+    targets = [
+        ("train step >= 6x faster than Dense", train["Dense"] / train[name], 6),
+        ("train step >= 3x faster than tf.sparse layer",
+         train["tf.sparse.sparse_dense_matmul layer"] / train[name], 3),
+        ("inference >= 10x faster than Dense", infer["Dense"] / infer[name], 10),
+        ("inference not slower than SciPy CSR", infer["SciPy CSR (1 thread)"] / infer[name], 1),
+    ]
+    for target, ratio, goal in targets:
+        print(f"{'PASS' if ratio >= goal else 'FAIL'}  {name}: {target}: {ratio:.2f}x")
 
 
 if __name__ == "__main__":

@@ -78,6 +78,13 @@ def test_forward_and_gradients_match_masked_dense_reference(
         (16, 16, 16),
         (48, 13, 21),  # whole panels; inputs fewer than one 16-wide transpose
         (33, 24, 40),  # 8-wide (AVX2) and 16-wide (AVX-512) transposes plus a tail
+        (1, 300, 70),  # one row: no panel, nonzeros read straight from x
+        (2, 61, 33),
+        (3, 300, 70),  # the largest batch without a panel
+        (4, 61, 33),  # the smallest batch with a panel
+        (8, 300, 70),  # one whole 8-row panel split over column ranges
+        (12, 61, 33),  # two 8-row panels, the second partial
+        (64, 300, 70),  # several 16-row panels split over column ranges
     ],
 )
 def test_float32_matches_float64_reference_within_rounding(use_kernel, batch, input_dim, units):
@@ -103,6 +110,24 @@ def test_float32_matches_float64_reference_within_rounding(use_kernel, batch, in
     full = x.T @ dy
     bound = (batch + 2) * eps * (np.abs(x.T) @ np.abs(dy))[pattern.rows, pattern.cols]
     assert np.all(np.abs(dvalues - full[pattern.rows, pattern.cols]) <= bound)
+
+
+@pytest.mark.parametrize("use_kernel", PATHS)
+@pytest.mark.parametrize("batch", [1, 3])
+def test_few_rows_of_a_large_kernel_run_on_the_thread_pool(use_kernel, batch):
+    # Over 2**18 nonzeros: batches of 1-3 rows split the columns over the
+    # pool instead of running on the calling thread (spmm_variant.inc).
+    matrix = _kernel((1024, 512), 0.6, seed=8)
+    pattern, values = SparsityPattern.from_scipy(matrix)
+    assert pattern.nnz > 2**18
+    rng = np.random.default_rng(9)
+    x, dy = rng.standard_normal((batch, 1024)), rng.standard_normal((batch, 512))
+    y, dx, dvalues = _gradients(x, values, pattern, dy, use_function=True, use_kernel=use_kernel)
+    kernel = matrix.toarray()
+    # float64: sums of at most 1024 terms of size ~1, far below 1e-10.
+    np.testing.assert_allclose(y, x @ kernel, atol=1e-10)
+    np.testing.assert_allclose(dx, dy @ kernel.T, atol=1e-10)
+    np.testing.assert_allclose(dvalues, (x.T @ dy)[pattern.rows, pattern.cols], atol=1e-10)
 
 
 @pytest.mark.parametrize("use_kernel", PATHS)

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <limits>
 #include <memory>
 #include <type_traits>
 #include <vector>
@@ -111,9 +112,13 @@ class SpmmOp : public OpKernel {
                                         units, ")"));
     // Branch-free check (it vectorises); the loop that names the culprit
     // runs only when it fails.
+    // Compared as uint32 (a negative index wraps above any limit), so the
+    // baseline build vectorizes it too; int32 indices cannot reach 2^32 - 1.
+    const uint32_t limit = static_cast<uint32_t>(
+        std::min<int64_t>(n_in, std::numeric_limits<uint32_t>::max()));
     bool idx_ok = true;
     for (int64_t k = 0; k < nnz; ++k) {
-      idx_ok &= static_cast<uint32_t>(idx[k]) < static_cast<uint64_t>(n_in);
+      idx_ok &= static_cast<uint32_t>(idx[k]) < limit;
     }
     if (!idx_ok) {
       for (int64_t k = 0; k < nnz; ++k) {

@@ -1,0 +1,180 @@
+"""The machine's limits for tfsparse's kernels, and each kernel's bound.
+
+    python benchmarks/roofline.py [--threads 2]
+
+Measures, on this CPU and for every kernel variant it supports (the probes in
+roofline_probes.cc, compiled here once per variant with g++): peak
+multiply-add throughput, and load bandwidth from L1, L2, L3 and memory for
+buffers sized as the kernels' working sets. ``spmm_bound``/``sddmm_bound``
+turn a kernel's own counts for its blocking (multiply-adds, bytes read at
+each level) into the time below which it cannot run: the largest of the
+times each resource needs on its own (a roofline). The speed benchmarks
+print achieved fraction = bound / measured time.
+"""
+
+import argparse
+import ctypes
+import functools
+import hashlib
+import os
+import pathlib
+import subprocess
+import tempfile
+
+PROBES_SOURCE = pathlib.Path(__file__).resolve().parent / "roofline_probes.cc"
+# Variant -> (floats per vector, g++ flags): the instruction sets variants.inc
+# enables for tfsparse's kernels.
+VARIANT_FLAGS = {
+    "portable": (4, []),
+    "avx2": (8, ["-mavx2", "-mfma"]),
+    "avx512": (16, ["-mavx512f", "-mavx512dq", "-mavx512bw", "-mavx512vl", "-mavx2", "-mfma"]),
+}
+LEVELS = ("L1", "L2", "L3", "memory")
+
+
+def cache_sizes():
+    """Per-core L1d and L2 and the shared L3 in bytes, from sysfs."""
+    sizes = {}
+    for index in pathlib.Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        level = int((index / "level").read_text())
+        if (index / "type").read_text().strip() in ("Data", "Unified"):
+            text = (index / "size").read_text().strip()
+            scale = {"K": 1 << 10, "M": 1 << 20}.get(text[-1], 1)
+            sizes[f"L{level}"] = int(text.rstrip("KM")) * scale
+    return sizes
+
+
+def _compile(variant):
+    width, flags = VARIANT_FLAGS[variant]
+    source = PROBES_SOURCE.read_bytes()
+    key = hashlib.sha256(source + " ".join(flags).encode()).hexdigest()[:16]
+    library = pathlib.Path(tempfile.gettempdir()) / f"tfsparse-roofline-{variant}-{key}.so"
+    if not library.exists():
+        partial = library.with_suffix(f".{os.getpid()}.tmp")
+        subprocess.run(
+            ["g++", "-O3", "-std=c++17", "-shared", "-fPIC", "-pthread",
+             f"-DVEC_FLOATS={width}", *flags, str(PROBES_SOURCE), "-o", str(partial)],
+            check=True)
+        partial.replace(library)
+    probes = ctypes.CDLL(str(library))
+    probes.roofline_madds_per_second.restype = ctypes.c_double
+    probes.roofline_madds_per_second.argtypes = [ctypes.c_int, ctypes.c_int64]
+    probes.roofline_load_bytes_per_second.restype = ctypes.c_double
+    probes.roofline_load_bytes_per_second.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+    return probes
+
+
+def _best_of(probe, repeats=5):
+    # The machine is shared: the fastest of a few runs is the closest to what
+    # the hardware can do (the limit, not a typical time).
+    return max(probe() for _ in range(repeats))
+
+
+@functools.lru_cache(maxsize=None)
+def measure(variant, threads):
+    """Peak rates of ``variant`` on ``threads`` threads at once.
+
+    Returns:
+      dict: ``"madds"`` multiply-adds per second; ``"L1"``, ``"L2"``,
+      ``"L3"``, ``"memory"``: load bandwidth in bytes per second, each thread
+      reading its own buffer of half its L1 / half its L2 / 8 MiB / 256 MiB.
+    """
+    probes = _compile(variant)
+    caches = cache_sizes()
+    sizes = {"L1": caches["L1"] // 2, "L2": caches["L2"] // 2, "L3": 8 << 20,
+             "memory": max(256 << 20, 2 * caches.get("L3", 0) // threads)}
+    rates = {"madds": _best_of(lambda: probes.roofline_madds_per_second(threads, 2_000_000))}
+    for level, size in sizes.items():
+        passes = max(1, (256 << 20) // size) if level != "memory" else 2
+        rates[level] = _best_of(
+            lambda size=size, passes=passes: probes.roofline_load_bytes_per_second(
+                threads, size, passes), repeats=5 if level != "memory" else 2)
+    return rates
+
+
+def _level(working_set, caches):
+    """The first level whose per-core capacity holds ``working_set`` bytes."""
+    for level in ("L1", "L2"):
+        if working_set <= caches[level]:
+            return level
+    return "L3" if working_set <= caches.get("L3", 0) else "memory"
+
+
+def roofline(rates, madds, loads):
+    """(bound seconds, binding resource) for ``madds`` and ``{level: bytes}``."""
+    times = {"multiply-adds": madds / rates["madds"]}
+    for level, size in loads.items():
+        times[f"{level} loads"] = times.get(f"{level} loads", 0) + size / rates[level]
+    binding = max(times, key=times.get)
+    return times[binding], binding
+
+
+def spmm_panel_rows(variant, batch, dtype_bytes=4):
+    """The batch rows per panel the SpMM kernel uses (spmm_variant.inc).
+
+    Batches of up to 3 rows read ``x`` itself (SpmmFewRows): one "panel" of
+    exactly ``batch`` rows.
+    """
+    if batch <= 3:
+        return batch
+    if variant != "portable" and dtype_bytes == 4 and batch >= 16:
+        return 16
+    return 8
+
+
+def spmm_bound(rates, variant, batch, n_in, units, nnz, dtype_bytes=4):
+    """The roofline of tfsparse's SpMM ``[batch, n_in] @ W[n_in, units]`` as blocked.
+
+    Per panel of P batch rows (x transposed to ``[n_in][P]``): every nonzero
+    costs P multiply-adds (rows past the batch included), one P-float load of
+    the panel (from the level that holds ``n_in * P`` floats) and its value
+    and index (8 bytes, from the level that holds all of them); x and y
+    cross memory once.
+    """
+    caches = cache_sizes()
+    panel_rows = spmm_panel_rows(variant, batch, dtype_bytes)
+    panels = -(-batch // panel_rows)
+    loads = {
+        _level(n_in * panel_rows * dtype_bytes, caches): nnz * panels * panel_rows * dtype_bytes,
+    }
+    stream_level = _level(nnz * (dtype_bytes + 4), caches)
+    loads[stream_level] = loads.get(stream_level, 0) + nnz * panels * (dtype_bytes + 4)
+    loads["memory"] = loads.get("memory", 0) + batch * (n_in + units) * dtype_bytes
+    return roofline(rates, nnz * panels * panel_rows, loads)
+
+
+def sddmm_bound(rates, batch, n_in, units, nnz, dtype_bytes=4):
+    """The roofline of the SDDMM ``out[k] = x_t[rows[k]] . dy_t[cols[k]]``.
+
+    Every nonzero is a dot product of two rows of ``batch`` floats: the row
+    of ``x_t`` from the level that holds all of ``x_t`` (the nonzeros of a
+    column hit scattered rows), the row of ``dy_t`` from L1 (the nonzeros are
+    sorted by column, so a column's nonzeros reuse it); ``dy_t``, the
+    indices and the output cross memory once.
+    """
+    caches = cache_sizes()
+    loads = {_level(n_in * batch * dtype_bytes, caches): nnz * batch * dtype_bytes,
+             "memory": (n_in + units) * batch * dtype_bytes + nnz * (dtype_bytes + 8)}
+    loads["L1"] = loads.get("L1", 0) + nnz * batch * dtype_bytes
+    return roofline(rates, nnz * batch, loads)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=os.cpu_count())
+    args = parser.parse_args()
+    from tfsparse.ops import kernels  # noqa: PLC0415 (TensorFlow only for the CPU's variants)
+
+    variants = kernels.supported_isas() or ("portable",)
+    caches = cache_sizes()
+    print(f"cache per core: L1d {caches['L1'] >> 10} KiB, L2 {caches['L2'] >> 10} KiB; "
+          f"L3 {caches.get('L3', 0) >> 20} MiB; best of repeated runs, {args.threads} threads\n")
+    print(f"{'variant':<10} {'Gmadd/s':>9} " + " ".join(f"{lvl + ' GB/s':>12}" for lvl in LEVELS))
+    for variant in variants:
+        rates = measure(variant, args.threads)
+        print(f"{variant:<10} {rates['madds'] / 1e9:>9.1f} "
+              + " ".join(f"{rates[lvl] / 1e9:>12.1f}" for lvl in LEVELS))
+
+
+if __name__ == "__main__":
+    main()
