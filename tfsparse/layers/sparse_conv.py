@@ -45,8 +45,10 @@ class SparseConv2D(keras.layers.Layer, tfmot.sparsity.keras.PrunableLayer):
     trainable vector ``values`` (column-major order) and a fixed pattern
     saved with the layer as non-trainable int32 weights (``pattern_rows``,
     ``pattern_cols``), as in ``SparseDense``. It computes with
-    ``tfsparse.ops.sparse_conv2d``: per kernel tap, the shifted input window
-    times the tap's sparse slice, on the nonzeros only.
+    ``tfsparse.ops.sparse_conv2d`` on the nonzeros only (compiled direct
+    sparse convolution on CPU; TensorFlow's CSR ops on GPU and in exported
+    SavedModels; the dense kernel under XLA). The kernel regularizer is
+    called on ``values``.
 
     Args:
       filters: positive int, the number of output channels.

@@ -3,6 +3,7 @@
 import tensorflow as tf
 
 from tfsparse.ops import _tf_internal
+from tfsparse.ops import kernels
 from tfsparse.ops.matmul import sparse_matmul
 from tfsparse.ops.sddmm import use_compiled_kernels
 
@@ -36,17 +37,26 @@ def sparse_conv2d(x, values, pattern, kernel_size, strides=(1, 1), padding="vali
 
     ``K`` is given as its im2col matrix ``(kh * kw * cin, filters)`` (row
     ``(i * kw + j) * cin + c``), sparse with ``values`` at ``pattern`` as for
-    ``sparse_matmul``. The convolution is a sum over the ``kh * kw`` taps of
-    ``window(i, j) @ K[i, j]``: each tap's shifted (strided, dilated) input
-    window, ``[batch * out_h * out_w, cin]``, times that tap's sparse
-    ``(cin, filters)`` slice of the kernel, by ``sparse_matmul`` (tfsparse's
-    compiled SpMM on CPU, TensorFlow's CSR kernels on GPU and in exported
-    SavedModels). Its gradients are exact: TensorFlow differentiates the
-    windows, ``sparse_matmul`` the products (the values' gradient is an
-    SDDMM). No dense kernel exists on these paths. In functions XLA compiles
-    (``jit_compile=True``), whose shapes must be static, the nonzeros are
-    instead scattered into the dense kernel (``kh * kw * cin * filters``
-    floats, small beside the activations) for ``tf.nn.conv2d``.
+    ``sparse_matmul``. No dense kernel and no im2col buffer are allocated:
+
+    * on CPU with tfsparse's compiled kernels (``use_kernel``), a direct
+      sparse convolution: every nonzero adds a shifted input row times its
+      value to an output row (forward), the adjoint (input gradient), or a dot
+      product of the two (values gradient), on the input in planar layout
+      (one transposed copy of the padded input);
+    * otherwise (GPU, kernels off, exported SavedModels, which then hold core
+      TensorFlow ops only) as a sum over the ``kh * kw`` taps of each tap's
+      shifted input window ``[batch * out_h * out_w, cin]`` times the tap's
+      sparse ``(cin, filters)`` slice, by ``sparse_matmul`` on TensorFlow's
+      CSR kernels. Training keeps every tap's window for the gradient: ``kh *
+      kw`` copies of the input, the size of an im2col buffer;
+    * in functions XLA compiles (``jit_compile=True``), whose shapes must be
+      static, the nonzeros are scattered into the dense kernel
+      (``kh * kw * cin * filters`` floats, small beside the activations)
+      for ``tf.nn.conv2d``.
+
+    All three compute the same sums (in other orders); the gradients with
+    respect to ``x``, ``values`` and ``bias`` are exact.
 
     Args:
       x: float tensor ``[batch, height, width, cin]`` (channels last; float16
@@ -56,7 +66,8 @@ def sparse_conv2d(x, values, pattern, kernel_size, strides=(1, 1), padding="vali
         ``row_major_order`` and ``shape == (kh * kw * cin, filters)``.
       kernel_size, strides, dilation_rate: pairs of positive ints.
       padding: ``"valid"`` or ``"same"``, as ``tf.nn.conv2d``.
-      use_kernel: as in ``sparse_matmul``.
+      use_kernel: ``True``/``False`` to force the compiled kernels or
+        TensorFlow's ops; ``None`` for ``use_compiled_kernels()``.
       bias: optional float tensor ``[filters]``.
 
     Returns:
@@ -95,7 +106,11 @@ def sparse_conv2d(x, values, pattern, kernel_size, strides=(1, 1), padding="vali
         x = tf.pad(x, [[0, 0], [top, bottom], [left, right], [0, 0]])
     rows = tf.convert_to_tensor(pattern.rows, tf.int32)
     cols = tf.convert_to_tensor(pattern.cols, tf.int32)
-    values = tf.convert_to_tensor(values)
+    values = tf.convert_to_tensor(values, x.dtype)
+    if use_kernel:
+        y = _compiled_conv2d(x, values, rows, cols, filters, kernel_size, strides,
+                             dilation_rate)
+        return y if bias is None else tf.nn.bias_add(y, tf.cast(bias, y.dtype))
     tap_of = rows // cin
     y = None
     for tap in range(kh * kw):
@@ -117,6 +132,34 @@ def sparse_conv2d(x, values, pattern, kernel_size, strides=(1, 1), padding="vali
         y = product if y is None else y + product
     y = tf.reshape(y, tf.stack([shape[0], out_h, out_w, filters]))
     return y
+
+
+def _compiled_conv2d(x_padded, values, rows, cols, filters, kernel_size, strides,
+                     dilation_rate):
+    """On tfsparse's compiled direct sparse convolution (CPU), planar layout.
+
+    The padded input is transposed to ``[batch, cin, height, width]`` (one
+    copy of the input) so that every nonzero reads and writes whole rows;
+    the output comes back ``[batch, filters, out_h, out_w]`` and is
+    transposed to channels last. Besides these, the backward pass allocates
+    the padded input's gradient and a ``[threads, nnz]`` partial sum.
+    """
+    library = kernels._library()  # noqa: SLF001  (the ops of sparse_conv.cc)
+    attrs = dict(filters=filters, kernel_size=list(kernel_size), strides=list(strides),
+                 dilations=list(dilation_rate), isa=kernels.isa())
+
+    @tf.custom_gradient
+    def conv(xp, values):
+        def grad(dy):
+            dxp = library.tfsparse_sparse_conv_backprop_input(
+                dy, values, rows, cols, tf.shape(xp), **attrs)
+            dvalues = library.tfsparse_sparse_conv_backprop_values(xp, dy, rows, cols, **attrs)
+            return dxp, dvalues
+
+        return library.tfsparse_sparse_conv_forward(xp, values, rows, cols, **attrs), grad
+
+    y = conv(tf.transpose(x_padded, [0, 3, 1, 2]), values)
+    return tf.transpose(y, [0, 2, 3, 1])
 
 
 def _dense_conv2d(x, values, pattern, kernel_size, strides, padding, dilation_rate):
