@@ -10,8 +10,10 @@
 // xp is the input already padded (Python pads as Conv2D's "same"), so
 // OH = (Hp - (kh - 1) * dh - 1) / sh + 1 and likewise OW. Each nonzero is an
 // axpy (or dot product) of whole output rows against a shifted input row: no
-// dense kernel and no im2col buffer are allocated; the values gradient
-// allocates one [threads, nnz] partial-sum buffer. Work is split over images
+// dense kernel and no im2col buffer are allocated; each thread has one
+// image's worth of output rows [F, OH, Wp] as scratch (stride 1: one long
+// contiguous loop per nonzero, sparse_conv_variant.inc), and the values
+// gradient a [threads, nnz] partial-sum buffer. Work is split over images
 // (the values gradient: over groups of images, summed at the end) on
 // TensorFlow's intra-op pool; the row loops (sparse_conv_variant.inc) are
 // compiled once per instruction-set variant and chosen by the "isa" attribute.
@@ -51,20 +53,20 @@ using tfsparse::Isa;
 // One image of each pass on the variant `isa` (TFSPARSE_DISPATCH returns).
 template <typename T>
 void RunForward(Isa isa, const T* xp, const ConvNonzero<T>* nz, int64_t nnz,
-                const ConvGeometry& g, T* y) {
-  TFSPARSE_DISPATCH(isa, ConvForwardImage<T>, xp, nz, nnz, g, y);
+                const ConvGeometry& g, T* wide, T* y) {
+  TFSPARSE_DISPATCH(isa, ConvForwardImage<T>, xp, nz, nnz, g, wide, y);
 }
 
 template <typename T>
 void RunBackpropInput(Isa isa, const T* dy, const ConvNonzero<T>* nz, int64_t nnz,
-                      const ConvGeometry& g, T* dxp) {
-  TFSPARSE_DISPATCH(isa, ConvBackpropInputImage<T>, dy, nz, nnz, g, dxp);
+                      const ConvGeometry& g, T* wide, T* dxp) {
+  TFSPARSE_DISPATCH(isa, ConvBackpropInputImage<T>, dy, nz, nnz, g, wide, dxp);
 }
 
 template <typename T>
 void RunBackpropValues(Isa isa, const T* xp, const T* dy, const ConvNonzero<T>* nz,
-                       int64_t nnz, const ConvGeometry& g, T* dv) {
-  TFSPARSE_DISPATCH(isa, ConvBackpropValuesImage<T>, xp, dy, nz, nnz, g, dv);
+                       int64_t nnz, const ConvGeometry& g, T* wide, T* dv) {
+  TFSPARSE_DISPATCH(isa, ConvBackpropValuesImage<T>, xp, dy, nz, nnz, g, wide, dv);
 }
 
 #define TFSPARSE_CONV_ATTRS                     \
@@ -171,10 +173,11 @@ class SparseConvOp : public OpKernel {
       const T* x = ctx->input(0).flat<T>().data();
       const T* e = dy.flat<T>().data();
       auto work = [&](int64_t begin, int64_t end) {
+        std::vector<T> wide(g.filters * g.out_h * g.width);
         for (int64_t group = begin; group < end; ++group) {
           for (int64_t b = group * batch / groups; b < (group + 1) * batch / groups; ++b) {
             RunBackpropValues<T>(isa_, x + b * x_size, e + b * y_size, nz.data(), nnz,
-                                 g, partial.data() + group * nnz);
+                                 g, wide.data(), partial.data() + group * nnz);
           }
         }
       };
@@ -205,11 +208,13 @@ class SparseConvOp : public OpKernel {
     const T* src = in.flat<T>().data();
     T* dst = out->flat<T>().data();
     auto work = [&](int64_t begin, int64_t end) {
+      std::vector<T> wide(g.filters * g.out_h * g.width);  // per call: threads share none
       for (int64_t b = begin; b < end; ++b) {
         if (forward) {
-          RunForward<T>(isa_, src + b * x_size, nz.data(), nnz, g, dst + b * y_size);
+          RunForward<T>(isa_, src + b * x_size, nz.data(), nnz, g, wide.data(),
+                        dst + b * y_size);
         } else {
-          RunBackpropInput<T>(isa_, src + b * y_size, nz.data(), nnz, g,
+          RunBackpropInput<T>(isa_, src + b * y_size, nz.data(), nnz, g, wide.data(),
                               dst + b * x_size);
         }
       }
