@@ -24,6 +24,7 @@ from tfsparse._keras import keras  # noqa: E402
 from tfsparse.layers import SparseConv2D  # noqa: E402
 from tfsparse.ops import kernels  # noqa: E402
 from tfsparse.ops.conv import sparse_conv2d  # noqa: E402
+from sparse_dense_speed import train_step_fn  # noqa: E402
 from timing import interleaved_medians  # noqa: E402
 
 CASES = [  # (name, kernel size, stride, sparsity)
@@ -47,20 +48,6 @@ def cpu_model():
         if line.startswith("Model name:"):
             return line.split(":", 1)[1].strip()
     return "unknown CPU"
-
-
-def train_step_fn(layer, x, target):
-    optimizer = keras.optimizers.SGD(1e-3)
-
-    @tf.function
-    def step():
-        with tf.GradientTape() as tape:
-            loss = tf.reduce_mean(tf.square(layer(x) - target))
-        grads = tape.gradient(loss, layer.trainable_weights)
-        optimizer.apply_gradients(zip(grads, layer.trainable_weights))
-        return loss
-
-    return lambda: step().numpy()
 
 
 def infer_fn(layer, x):

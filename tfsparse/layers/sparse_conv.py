@@ -220,9 +220,7 @@ class SparseConv2D(keras.layers.Layer, tfmot.sparsity.keras.PrunableLayer):
     @property
     def density(self):
         """``nnz / (kh * kw * cin * filters)``."""
-        self._require_built("density")
-        rows, filters = self._im2col_shape()
-        return self.nnz / (rows * filters)
+        return self.nnz / float(np.prod(self._im2col_shape()))
 
     @property
     def pattern(self):

@@ -110,6 +110,15 @@ REGISTER_OP("TfsparseSparseConvBackpropValues")
 
 enum class Pass { kForward, kBackpropInput, kBackpropValues };
 
+absl::Status CheckDy(const Tensor& dy, int64_t batch, const ConvGeometry& g) {
+  if (dy.dims() == 4 && dy.dim_size(0) == batch && dy.dim_size(1) == g.filters &&
+      dy.dim_size(2) == g.out_h && dy.dim_size(3) == g.out_w) {
+    return absl::OkStatus();
+  }
+  return errors::InvalidArgument("dy must be [", batch, ", ", g.filters, ", ", g.out_h,
+                                 ", ", g.out_w, "], got ", dy.shape().DebugString());
+}
+
 template <typename T>
 class SparseConvOp : public OpKernel {
  public:
@@ -158,14 +167,12 @@ class SparseConvOp : public OpKernel {
     const int64_t y_size = g.filters * g.out_h * g.out_w;
     const int64_t cost = 2 * std::max<int64_t>(nnz, 1) * g.out_h * g.out_w + x_size + y_size;
     const auto& workers = *ctx->device()->tensorflow_cpu_worker_threads();
+    if (pass_ != Pass::kForward) {
+      OP_REQUIRES_OK(ctx, CheckDy(ctx->input(pass_ == Pass::kBackpropValues ? 1 : 0),
+                                  batch, g));
+    }
     if (pass_ == Pass::kBackpropValues) {
       const Tensor& dy = ctx->input(1);
-      OP_REQUIRES(ctx, dy.dims() == 4 && dy.dim_size(0) == batch &&
-                           dy.dim_size(1) == g.filters && dy.dim_size(2) == g.out_h &&
-                           dy.dim_size(3) == g.out_w,
-                  errors::InvalidArgument("dy must be [", batch, ", ", g.filters, ", ",
-                                          g.out_h, ", ", g.out_w, "], got ",
-                                          dy.shape().DebugString()));
       Tensor* dv = nullptr;
       OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({nnz}), &dv));
       const int64_t groups = std::max<int64_t>(1, std::min<int64_t>(batch, workers.num_threads));
@@ -192,14 +199,6 @@ class SparseConvOp : public OpKernel {
     }
     const bool forward = pass_ == Pass::kForward;
     const Tensor& in = ctx->input(0);
-    if (!forward) {
-      OP_REQUIRES(ctx, in.dims() == 4 && in.dim_size(0) == batch &&
-                           in.dim_size(1) == g.filters && in.dim_size(2) == g.out_h &&
-                           in.dim_size(3) == g.out_w,
-                  errors::InvalidArgument("dy must be [", batch, ", ", g.filters, ", ",
-                                          g.out_h, ", ", g.out_w, "], got ",
-                                          in.shape().DebugString()));
-    }
     Tensor* out = nullptr;
     TensorShape out_shape = forward
         ? TensorShape({batch, g.filters, g.out_h, g.out_w})
