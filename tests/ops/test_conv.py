@@ -106,3 +106,36 @@ def test_output_and_gradients_equal_dense_conv2d(use_kernel, compile_with, strid
     for result, want, bound in zip(results, wanted, bounds):
         assert result.shape == want.shape
         assert np.all(np.abs(result - want) <= n * eps * bound + 1e-30)
+
+
+@pytest.mark.parametrize("use_kernel", PATHS)
+def test_values_gradient_reads_only_each_nonzeros_window(use_kernel):
+    # An inf input pixel reaches the gradient of exactly the nonzeros whose
+    # window holds it (one term each: +-inf); the others stay finite.
+    kh, kw, cin, filters = 3, 3, 2, 3
+    kernel = _kernel(kh, kw, cin, filters, seed=2)
+    kernel[0, 2, 1, 0] = 0.7  # the one tap whose window holds the corner below
+    pattern, values = SparsityPattern.from_scipy(
+        scipy.sparse.csr_matrix(kernel.reshape(-1, filters)))
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, 6, 7, cin))
+    x[1, 0, 6, 1] = np.inf  # a corner: outside most taps' windows
+    x32, values32 = tf.constant(x, tf.float32), tf.constant(values, tf.float32)
+    with tf.GradientTape() as tape:
+        tape.watch(values32)
+        y = sparse_conv2d(x32, values32, pattern, (kh, kw), use_kernel=use_kernel)
+    dy = rng.standard_normal(y.shape).astype(np.float32)
+    dvalues = tf.convert_to_tensor(tape.gradient(y, values32, output_gradients=dy)).numpy()
+    out_h, out_w = y.shape[1:3]
+    expected = []
+    for row, col in zip(pattern.rows, pattern.cols):
+        (i, j), c = divmod(int(row) // cin, kw), int(row) % cin
+        window = x[:, i:i + out_h, j:j + out_w, c]
+        expected.append(np.sum(window * dy[..., col].astype(np.float64)))
+    expected = np.array(expected)
+    np.testing.assert_array_equal(np.isfinite(dvalues), np.isfinite(expected))
+    assert not np.all(np.isfinite(expected)) and np.any(np.isfinite(expected))
+    finite = np.isfinite(expected)
+    np.testing.assert_array_equal(np.sign(dvalues[~finite]), np.sign(expected[~finite]))
+    # float32 sums of 2*4*5 = 40 products of O(1) terms.
+    np.testing.assert_allclose(dvalues[finite], expected[finite], rtol=1e-5, atol=1e-5)
