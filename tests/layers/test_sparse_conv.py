@@ -81,8 +81,8 @@ def test_model_trains_with_jit_compile_and_reloads(tmp_path):
     # XLA's dense fallback and the sparse path: the same steps up to rounding.
     np.testing.assert_allclose(jit_losses, eager_losses, rtol=1e-4)
     model.save(tmp_path / "m.keras")
-    np.testing.assert_array_equal(keras.models.load_model(tmp_path / "m.keras").predict(x, verbose=0),
-                                  model.predict(x, verbose=0))
+    loaded = keras.models.load_model(tmp_path / "m.keras")
+    np.testing.assert_array_equal(loaded.predict(x, verbose=0), model.predict(x, verbose=0))
 
 
 @pytest.fixture(params=["mixed_float16", "mixed_bfloat16"])

@@ -13,7 +13,8 @@ from tfsparse.ops.conv import sparse_conv2d
 def _kernel(kh, kw, cin, filters, seed=0):
     """A random sparse kernel with an empty filter and an empty input channel."""
     rng = np.random.default_rng(seed)
-    kernel = rng.standard_normal((kh, kw, cin, filters)) * (rng.random((kh, kw, cin, filters)) < 0.4)
+    shape = (kh, kw, cin, filters)
+    kernel = rng.standard_normal(shape) * (rng.random(shape) < 0.4)
     kernel[..., 1] = 0  # a filter with no nonzeros
     kernel[:, :, 0, :] = 0  # an input channel that feeds nothing
     kernel[0, 0, 1, 0] = 0.5

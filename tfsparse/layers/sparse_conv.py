@@ -132,7 +132,8 @@ class SparseConv2D(keras.layers.Layer, tfmot.sparsity.keras.PrunableLayer):
         if matrix.ndim != 2 or matrix.shape[1] != self.filters or matrix.shape[0] % (kh * kw):
             raise invalid_value("pattern", expected, received=f"pattern of shape {matrix.shape}")
         if not np.all(np.isfinite(matrix.data)):
-            raise invalid_value("pattern", "finite values", received="a pattern with non-finite values")
+            raise invalid_value("pattern", "finite values",
+                                received="a pattern with non-finite values")
         if matrix.count_nonzero() == 0:
             raise invalid_value("pattern", "at least one nonzero", received="an all-zero pattern")
         pattern, values = SparsityPattern.from_scipy(matrix)
