@@ -27,12 +27,14 @@ from tfsparse import graphchallenge
 from tfsparse import layers
 from tfsparse import ops
 from tfsparse import regularizers
+from tfsparse.layers import SparseConv2D
 from tfsparse.layers import SparseDense
 from tfsparse.layers import sparsify
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "SparseConv2D",
     "SparseDense",
     "compression",
     "data",

@@ -41,22 +41,25 @@ def serve_in_fresh_process(saved_model_dir, x, tmp_path):
     return np.load(tmp_path / "y.npy")
 
 
-def check_layer_contract(make_layer, input_dim, tmp_path, batch=6):
+def check_layer_contract(make_layer, input_dim, tmp_path, batch=6, terms=None):
     """Build, call, config round trip, saving, SavedModel and a training step.
 
     Round trips are checked by behaviour (outputs), not by comparing configs.
+    ``input_dim`` is an int, or the shape of one example (a tuple). ``terms``
+    is the length of the layer's longest sum (default ``input_dim``).
     """
     rng = np.random.default_rng(0)
-    x = rng.standard_normal((batch, input_dim)).astype(np.float32)
+    example_shape = tuple(int(d) for d in np.atleast_1d(input_dim))
+    x = rng.standard_normal((batch, *example_shape)).astype(np.float32)
 
     def model_of(layer):
-        inputs = keras.Input((input_dim,))
+        inputs = keras.Input(example_shape)
         return keras.Model(inputs, keras.layers.Dense(3)(layer(inputs)))
 
     layer = make_layer()
     model = model_of(layer)
     expected = model.predict(x, verbose=0)
-    assert expected.shape == (batch, 3)
+    assert expected.shape[0] == batch and expected.shape[-1] == 3
 
     # get_config / from_config + weights rebuild an equal layer.
     clone = layer.__class__.from_config(layer.get_config())
@@ -82,14 +85,15 @@ def check_layer_contract(make_layer, input_dim, tmp_path, batch=6):
     restored = tf.saved_model.load(str(saved))
     magnitudes = model_of(layer.__class__.from_config(layer.get_config()))
     magnitudes.set_weights([np.abs(w) if w.dtype.kind == "f" else w for w in model.get_weights()])
-    terms = input_dim + int(layer.compute_output_shape((None, input_dim))[-1]) + 2
+    terms = (input_dim if terms is None else terms) + int(
+        layer.compute_output_shape((None, *example_shape))[-1]) + 2
     bound = terms * np.finfo(np.float32).eps * magnitudes.predict(np.abs(x), verbose=0)
     for served in (restored(tf.constant(x)).numpy(), serve_in_fresh_process(saved, x, tmp_path)):
         assert np.all(np.abs(served - expected) <= bound)
 
     # A training step moves the layer's weights and lowers the loss.
     model.compile(keras.optimizers.SGD(0.05), "mse")
-    target = rng.standard_normal((batch, 3)).astype(np.float32)
+    target = rng.standard_normal(expected.shape).astype(np.float32)
     before = [w.copy() for w in layer.get_weights()]
     losses = model.fit(x, target, epochs=5, batch_size=batch, verbose=0).history["loss"]
     assert losses[-1] < losses[0]

@@ -14,12 +14,14 @@ Example:
   True
 """
 
+from tfsparse.layers.sparse_conv import SparseConv2D
 from tfsparse.layers.sparse_dense import PatternTensors
 from tfsparse.layers.sparse_dense import SparseDense
 from tfsparse.layers.sparsify import sparsify
 
 __all__ = [
     "PatternTensors",
+    "SparseConv2D",
     "SparseDense",
     "sparsify",
 ]

@@ -16,6 +16,7 @@ Example:
   True
 """
 
+from tfsparse.ops.conv import sparse_conv2d
 from tfsparse.ops.matmul import sparse_matmul
 from tfsparse.ops.pattern import SparsityPattern
 from tfsparse.ops.sddmm import sddmm
@@ -25,5 +26,6 @@ __all__ = [
     "SparsityPattern",
     "kernels_available",
     "sddmm",
+    "sparse_conv2d",
     "sparse_matmul",
 ]

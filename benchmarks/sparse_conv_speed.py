@@ -1,0 +1,125 @@
+"""SparseConv2D against Conv2D (TensorFlow's oneDNN path), side by side.
+
+    python benchmarks/sparse_conv_speed.py [--isa all|avx512|avx2|portable] [--repeats 10]
+
+Issue 15's case: one 3x3 layer, 64 -> 64 channels, 32 x 32 input, stride 1,
+"same", batch 32, float32, at 80/90/95/98% sparsity; then a strided (stride
+2) and a 1x1 layer at 95%. For each: inference and a training step (forward,
+gradients, SGD update) of SparseConv2D (compiled kernels in the variant
+asked, and TensorFlow's CSR ops: the GPU / kernels-off path) and of Conv2D
+with the same masked kernel, interleaved in one process (medians). Prints
+the CPU, the kernel variant, times and ratios, and the issue's targets.
+"""
+
+import argparse
+import os
+import subprocess
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from tfsparse._keras import keras  # noqa: E402
+from tfsparse.layers import SparseConv2D  # noqa: E402
+from tfsparse.ops import kernels  # noqa: E402
+from tfsparse.ops.conv import sparse_conv2d  # noqa: E402
+from sparse_dense_speed import train_step_fn  # noqa: E402
+from timing import interleaved_medians  # noqa: E402
+
+CASES = [  # (name, kernel size, stride, sparsity)
+    *[(f"3x3 s1 {s:.0%}", 3, 1, s) for s in (0.80, 0.90, 0.95, 0.98)],
+    ("3x3 s2 95%", 3, 2, 0.95),
+    ("1x1 s1 95%", 1, 1, 0.95),
+]
+
+
+class TensorFlowOpsSparseConv2D(SparseConv2D):
+    """SparseConv2D on TensorFlow's CSR ops (its GPU and kernels-off path)."""
+
+    def call(self, inputs):
+        return sparse_conv2d(inputs, self.values, self._pattern(), self.kernel_size,
+                             self.strides, self.padding, self.dilation_rate,
+                             use_kernel=False, bias=self.bias)
+
+
+def cpu_model():
+    for line in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines():
+        if line.startswith("Model name:"):
+            return line.split(":", 1)[1].strip()
+    return "unknown CPU"
+
+
+def infer_fn(layer, x):
+    predict = tf.function(lambda: layer(x))
+    return lambda: np.asarray(predict())
+
+
+def layers_for(kernel_size, stride, sparsity, channels, rng):
+    shape = (kernel_size, kernel_size, channels, channels)
+    kernel = rng.standard_normal(shape).astype(np.float32) * 0.05
+    kernel *= rng.random(shape) >= sparsity
+    settings = dict(strides=stride, padding="same")
+    return {
+        "SparseConv2D": SparseConv2D(channels, kernel_size, pattern=kernel, **settings),
+        "SparseConv2D on TF ops": TensorFlowOpsSparseConv2D(
+            channels, kernel_size, pattern=kernel, **settings),
+        "Conv2D": keras.layers.Conv2D(
+            channels, kernel_size, kernel_initializer=keras.initializers.Constant(kernel),
+            **settings),
+    }
+
+
+def run_case(name, kernel_size, stride, sparsity, args, rng):
+    x = tf.constant(rng.standard_normal((args.batch, args.size, args.size, args.channels)),
+                    tf.float32)
+    layers = layers_for(kernel_size, stride, sparsity, args.channels, rng)
+    target = tf.zeros_like(layers["Conv2D"](x))
+    for layer in layers.values():
+        layer(x[:1])
+    infer = interleaved_medians({n: infer_fn(l, x) for n, l in layers.items()},
+                                repeats=args.repeats)
+    train = interleaved_medians({n: train_step_fn(l, x, target) for n, l in layers.items()},
+                                repeats=args.repeats)
+    for title, results in (("inference", infer), ("training step", train)):
+        cells = "  ".join(f"{n} {s * 1e3:7.2f} ms" for n, s in results.items())
+        print(f"{name:<12} {title:<14} {cells}  "
+              f"Conv2D/SparseConv2D {results['Conv2D'] / results['SparseConv2D']:5.2f}x")
+    return infer["Conv2D"] / infer["SparseConv2D"], train["Conv2D"] / train["SparseConv2D"]
+
+
+def run_variant(args):
+    print(f"\nkernel variant: {kernels.isa()}")
+    rng = np.random.default_rng(0)
+    ratios = {case[0]: run_case(*case, args, rng) for case in CASES}
+    infer, train = ratios["3x3 s1 95%"]
+    for goal_name, ratio, goal in (("inference >= 3x Conv2D at 95%", infer, 3),
+                                   ("training step >= 2x Conv2D at 95%", train, 2)):
+        print(f"{'PASS' if ratio >= goal else 'FAIL'}  {goal_name}: {ratio:.2f}x")
+    faster = [c[3] for c in CASES[:4] if ratios[c[0]][0] > 1]
+    print("3x3 s1 inference: sparse faster from sparsity "
+          + (f"{min(faster):.0%}" if faster else "none of 80-98%"))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--isa", default=None,
+                        help="a kernel variant, or 'all' for each one this CPU supports")
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--size", type=int, default=32)
+    parser.add_argument("--channels", type=int, default=64)
+    args = parser.parse_args()
+    print(f"CPU: {cpu_model()}, {os.cpu_count()} CPUs; compiled kernels: "
+          f"{kernels.available()} (default variant {kernels.isa()}); batch {args.batch}, "
+          f"{args.size}x{args.size}, {args.channels}->{args.channels} channels, 'same', "
+          f"float32; medians of {args.repeats} interleaved runs")
+    variants = kernels.supported_isas() if args.isa == "all" else (
+        [args.isa] if args.isa else [kernels.isa()])
+    for variant in variants:
+        with kernels.use_isa(variant):
+            run_variant(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,142 @@
+"""sparse_conv2d and its gradients against tf.nn.conv2d with the masked dense kernel."""
+
+import numpy as np
+import pytest
+import scipy.sparse
+import tensorflow as tf
+
+from kernel_paths import PATHS
+from tfsparse.ops import SparsityPattern
+from tfsparse.ops.conv import sparse_conv2d
+
+
+def _kernel(kh, kw, cin, filters, seed=0):
+    """A random sparse kernel with an empty filter and an empty input channel."""
+    rng = np.random.default_rng(seed)
+    shape = (kh, kw, cin, filters)
+    kernel = rng.standard_normal(shape) * (rng.random(shape) < 0.4)
+    kernel[..., 1] = 0  # a filter with no nonzeros
+    kernel[:, :, 0, :] = 0  # an input channel that feeds nothing
+    kernel[0, 0, 1, 0] = 0.5
+    return kernel
+
+
+def _reference(x, kernel, dy, strides, padding, dilation):
+    """float64 output and gradients of tf.nn.conv2d with the dense kernel.
+
+    TensorFlow's CPU gradients take no dilation: the dilated kernel is written
+    out (zeros between the taps), the same convolution with dilation 1.
+    """
+    kh, kw, cin, filters = kernel.shape
+    dilated = np.zeros(((kh - 1) * dilation[0] + 1, (kw - 1) * dilation[1] + 1, cin, filters))
+    dilated[::dilation[0], ::dilation[1]] = kernel
+    x, dilated, dy = (tf.constant(a, tf.float64) for a in (x, dilated, dy))
+    with tf.GradientTape() as tape:
+        tape.watch([x, dilated])
+        y = tf.nn.conv2d(x, dilated, [1, *strides, 1], padding.upper())
+    dx, dkernel = tape.gradient(y, [x, dilated], output_gradients=dy)
+    dkernel = dkernel.numpy()[::dilation[0], ::dilation[1]]
+    return y.numpy(), dx.numpy(), dkernel, tf.reduce_sum(dy, [0, 1, 2]).numpy()
+
+
+_GEOMETRIES = [
+    pytest.param(strides, padding, dilation, size, batch,
+                 id=f"s{strides}-{padding}-d{dilation}-{size[0]}x{size[1]}-b{batch}")
+    for strides in (1, 2)
+    for padding in ("valid", "same")
+    for dilation in (1, 2)
+    for size, batch in (((7, 9), 1), ((8, 6), 3))
+]
+
+
+def _eager(function):
+    return function
+
+
+def _xla(function):
+    return tf.function(function, jit_compile=True)
+
+
+# The compiled variants and TensorFlow's CSR path (eager), and the dense
+# fallback XLA compiles.
+_RUNS = [pytest.param(path.values[0], _eager, id=path.id, marks=path.marks) for path in PATHS] + [
+    pytest.param(None, _xla, id="xla")]
+
+
+@pytest.mark.parametrize("use_kernel,compile_with", _RUNS)
+@pytest.mark.parametrize("strides,padding,dilation,size,batch", _GEOMETRIES)
+def test_output_and_gradients_equal_dense_conv2d(use_kernel, compile_with, strides, padding,
+                                                 dilation, size, batch):
+    kh, kw, cin, filters = 3, 2, 3, 4
+    kernel = _kernel(kh, kw, cin, filters)
+    pattern, values = SparsityPattern.from_scipy(
+        scipy.sparse.csr_matrix(kernel.reshape(-1, filters)))
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((batch, *size, cin))
+    strides, dilation = (strides, strides), (dilation, dilation)
+    bias = rng.standard_normal(filters)
+    x32, values32, bias32 = (tf.constant(a, tf.float32) for a in (x, values, bias))
+
+    def run(x32, values32, bias32, dy):
+        with tf.GradientTape() as tape:
+            tape.watch([x32, values32, bias32])
+            y = sparse_conv2d(x32, values32, pattern, (kh, kw), strides, padding, dilation,
+                              use_kernel=use_kernel, bias=bias32)
+        return y, tape.gradient(y, [x32, values32, bias32], output_gradients=dy)
+
+    out_shape = sparse_conv2d(x32, values32, pattern, (kh, kw), strides, padding,
+                              dilation, use_kernel=False).shape
+    dy = rng.standard_normal(out_shape)
+    y, (dx, dvalues, dbias) = compile_with(run)(x32, values32, bias32,
+                                               tf.constant(dy, tf.float32))
+    expected = _reference(x, kernel, dy, strides, padding, dilation)
+    # Each result is a float32 sum of at most n terms, n the longest of the
+    # forward (kh*kw*cin), input-gradient (kh*kw*filters) and kernel-gradient
+    # (batch*out_h*out_w) sums: it is off by at most n * eps * the sum of the
+    # terms' magnitudes, which the same reference computes on |x|, |K|, |dy|.
+    n = max(kh * kw * cin, kh * kw * filters, int(np.prod(dy.shape[:3]))) + 1
+    magnitude = _reference(np.abs(x), np.abs(kernel), np.abs(dy), strides, padding, dilation)
+    eps = np.finfo(np.float32).eps
+    rows, cols = np.asarray(pattern.rows), np.asarray(pattern.cols)
+    results = [y.numpy() - bias, dx.numpy(), tf.convert_to_tensor(dvalues).numpy(),
+               dbias.numpy()]
+    wanted = [expected[0], expected[1], expected[2].reshape(-1, filters)[rows, cols],
+              expected[3]]
+    bounds = [magnitude[0] + np.abs(bias), magnitude[1],
+              magnitude[2].reshape(-1, filters)[rows, cols], magnitude[3]]
+    for result, want, bound in zip(results, wanted, bounds):
+        assert result.shape == want.shape
+        assert np.all(np.abs(result - want) <= n * eps * bound + 1e-30)
+
+
+@pytest.mark.parametrize("use_kernel", PATHS)
+def test_values_gradient_reads_only_each_nonzeros_window(use_kernel):
+    # An inf input pixel reaches the gradient of exactly the nonzeros whose
+    # window holds it (one term each: +-inf); the others stay finite.
+    kh, kw, cin, filters = 3, 3, 2, 3
+    kernel = _kernel(kh, kw, cin, filters, seed=2)
+    kernel[0, 2, 1, 0] = 0.7  # the one tap whose window holds the corner below
+    pattern, values = SparsityPattern.from_scipy(
+        scipy.sparse.csr_matrix(kernel.reshape(-1, filters)))
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, 6, 7, cin))
+    x[1, 0, 6, 1] = np.inf  # a corner: outside most taps' windows
+    x32, values32 = tf.constant(x, tf.float32), tf.constant(values, tf.float32)
+    with tf.GradientTape() as tape:
+        tape.watch(values32)
+        y = sparse_conv2d(x32, values32, pattern, (kh, kw), use_kernel=use_kernel)
+    dy = rng.standard_normal(y.shape).astype(np.float32)
+    dvalues = tf.convert_to_tensor(tape.gradient(y, values32, output_gradients=dy)).numpy()
+    out_h, out_w = y.shape[1:3]
+    expected = []
+    for row, col in zip(pattern.rows, pattern.cols):
+        (i, j), c = divmod(int(row) // cin, kw), int(row) % cin
+        window = x[:, i:i + out_h, j:j + out_w, c]
+        expected.append(np.sum(window * dy[..., col].astype(np.float64)))
+    expected = np.array(expected)
+    np.testing.assert_array_equal(np.isfinite(dvalues), np.isfinite(expected))
+    assert not np.all(np.isfinite(expected)) and np.any(np.isfinite(expected))
+    finite = np.isfinite(expected)
+    np.testing.assert_array_equal(np.sign(dvalues[~finite]), np.sign(expected[~finite]))
+    # float32 sums of 2*4*5 = 40 products of O(1) terms.
+    np.testing.assert_allclose(dvalues[finite], expected[finite], rtol=1e-5, atol=1e-5)

@@ -1,0 +1,273 @@
+"""SparseConv2D: a Conv2D layer whose kernel is stored and computed sparse."""
+
+import collections
+
+import numpy as np
+import scipy.sparse
+import tensorflow as tf
+import tensorflow_model_optimization as tfmot
+
+from tfsparse._keras import keras
+from tfsparse._validation import check_choice
+from tfsparse._validation import check_fraction
+from tfsparse._validation import check_non_negative_int
+from tfsparse._validation import check_positive_int
+from tfsparse._validation import invalid_value
+from tfsparse.layers import _initializers
+from tfsparse.layers.sparse_dense import _placeholder_pattern
+from tfsparse.ops import SparsityPattern
+from tfsparse.ops.conv import sparse_conv2d
+
+_DEFAULT_DENSITY = 0.05
+
+# What for_sparse_kernel needs to scale a variance-scaling initializer with a
+# conv's sparse fans: fan-in nnz / filters, fan-out nnz / cin.
+_Fans = collections.namedtuple("_Fans", ["nnz", "shape"])
+
+
+def _pair(name, value):
+    """``(a, b)`` of positive ints from an int or a pair, as Conv2D's arguments."""
+    pair = (value, value) if not isinstance(value, (tuple, list)) else tuple(value)
+    if len(pair) != 2:
+        raise invalid_value(name, "a positive integer or a pair of them", value)
+    try:
+        return tuple(check_positive_int(name, v) for v in pair)
+    except ValueError:
+        raise invalid_value(name, "a positive integer or a pair of them", value) from None
+
+
+@keras.saving.register_keras_serializable(package="tfsparse")
+class SparseConv2D(keras.layers.Layer, tfmot.sparsity.keras.PrunableLayer):
+    """A channels-last ``Conv2D`` whose kernel ``(kh, kw, cin, filters)`` is sparse.
+
+    The kernel is kept as its im2col matrix ``(kh * kw * cin, filters)``, row
+    ``(i * kw + j) * cin + c``, of which only the nonzeros exist: one
+    trainable vector ``values`` (column-major order) and a fixed pattern
+    saved with the layer as non-trainable int32 weights (``pattern_rows``,
+    ``pattern_cols``), as in ``SparseDense``. It computes with
+    ``tfsparse.ops.sparse_conv2d`` on the nonzeros only (compiled direct
+    sparse convolution on CPU; TensorFlow's CSR ops on GPU and in exported
+    SavedModels; the dense kernel under XLA). The kernel regularizer is
+    called on ``values``.
+
+    Args:
+      filters: positive int, the number of output channels.
+      kernel_size, strides, dilation_rate: a positive int or a pair of them
+        (strides and dilations above 1 may be combined).
+      padding: ``"valid"`` or ``"same"``.
+      density: fraction of nonzeros of a random pattern, in (0, 1]; every
+        filter gets ``round(density * kh * kw * cin)`` (at least 1) random
+        inputs. Default 0.05. Not with ``pattern``.
+      pattern: the kernel's nonzeros: an array of shape
+        ``(kh, kw, cin, filters)`` (boolean: positions only, the values come
+        from ``kernel_initializer``; numeric: its nonzeros are the initial
+        values), or a ``scipy.sparse`` matrix ``(kh * kw * cin, filters)``.
+      seed: int seed of the random pattern; ``None`` draws one at construction
+        from NumPy's global generator and keeps it in the config.
+      activation, use_bias, kernel_initializer, bias_initializer,
+      kernel_regularizer, bias_regularizer, activity_regularizer,
+      kernel_constraint, bias_constraint: as in ``keras.layers.Conv2D``; the
+      kernel ones apply to ``values`` (variance-scaling initializers use the
+      sparse fans).
+
+    Example:
+      >>> import numpy as np
+      >>> layer = SparseConv2D(8, 3, padding="same", density=0.25, seed=0)
+      >>> y = layer(np.ones((2, 6, 6, 4), "float32"))
+      >>> y.shape, layer.nnz
+      (TensorShape([2, 6, 6, 8]), 72)
+    """
+
+    def __init__(self, filters, kernel_size, strides=1, padding="valid", dilation_rate=1,
+                 density=None, pattern=None, seed=None, activation=None, use_bias=True,
+                 kernel_initializer="glorot_uniform", bias_initializer="zeros",
+                 kernel_regularizer=None, bias_regularizer=None, activity_regularizer=None,
+                 kernel_constraint=None, bias_constraint=None, **kwargs):
+        super().__init__(activity_regularizer=activity_regularizer, **kwargs)
+        self.filters = check_positive_int("filters", filters)
+        self.kernel_size = _pair("kernel_size", kernel_size)
+        self.strides = _pair("strides", strides)
+        self.dilation_rate = _pair("dilation_rate", dilation_rate)
+        self.padding = check_choice("padding", padding, ("valid", "same"))
+        if density is not None and pattern is not None:
+            raise invalid_value(
+                "density", "None when a pattern is given (the pattern sets it)", density)
+        self._pattern_matrix, self._pattern_values, self._pattern_nnz = (
+            self._check_pattern(pattern))
+        if pattern is None:
+            density = check_fraction(
+                "density", _DEFAULT_DENSITY if density is None else density)
+        self.density_setting = density
+        if seed is None:  # keras.utils.set_random_seed seeds NumPy's generator
+            seed = int(np.random.randint(0, 2**31 - 1))
+        self.seed = check_non_negative_int("seed", seed)
+        self.activation = keras.activations.get(activation)
+        self.use_bias = bool(use_bias)
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.bias_initializer = keras.initializers.get(bias_initializer)
+        self.kernel_regularizer = keras.regularizers.get(kernel_regularizer)
+        self.bias_regularizer = keras.regularizers.get(bias_regularizer)
+        self.kernel_constraint = keras.constraints.get(kernel_constraint)
+        self.bias_constraint = keras.constraints.get(bias_constraint)
+        self.input_spec = keras.layers.InputSpec(ndim=4)
+
+    def _check_pattern(self, pattern):
+        """Returns (scipy (kh*kw*cin, filters) or None, initial values or None, nnz or None)."""
+        if pattern is None:
+            return None, None, None
+        if isinstance(pattern, dict):  # from get_config: the weights follow
+            return None, None, int(pattern["nnz"])
+        kh, kw = self.kernel_size
+        expected = (f"an array of shape ({kh}, {kw}, cin, {self.filters}) or a scipy.sparse "
+                    f"matrix of shape ({kh}*{kw}*cin, {self.filters})")
+        if scipy.sparse.issparse(pattern):
+            matrix, use_values = scipy.sparse.csr_matrix(pattern), True
+        else:
+            array = np.asarray(pattern)
+            if array.ndim != 4 or array.shape[:2] != (kh, kw) or array.shape[3] != self.filters:
+                raise invalid_value("pattern", expected,
+                                    received=f"pattern of shape {array.shape}")
+            matrix = scipy.sparse.csr_matrix(array.reshape(-1, self.filters).astype(np.float32))
+            use_values = array.dtype != bool
+        if matrix.ndim != 2 or matrix.shape[1] != self.filters or matrix.shape[0] % (kh * kw):
+            raise invalid_value("pattern", expected, received=f"pattern of shape {matrix.shape}")
+        if not np.all(np.isfinite(matrix.data)):
+            raise invalid_value("pattern", "finite values",
+                                received="a pattern with non-finite values")
+        if matrix.count_nonzero() == 0:
+            raise invalid_value("pattern", "at least one nonzero", received="an all-zero pattern")
+        pattern, values = SparsityPattern.from_scipy(matrix)
+        return pattern, values if use_values else None, None
+
+    def build(self, input_shape):
+        input_shape = tf.TensorShape(input_shape)
+        if input_shape.rank != 4 or input_shape[-1] is None:
+            raise invalid_value(
+                "inputs", "inputs of shape (batch, height, width, channels) with known channels",
+                received=f"inputs of shape {input_shape}")
+        kh, kw = self.kernel_size
+        cin = int(input_shape[-1])
+        shape = (kh * kw * cin, self.filters)
+        if self._pattern_matrix is not None:
+            pattern = self._pattern_matrix
+            if pattern.shape != shape:
+                raise invalid_value(
+                    "pattern", f"a kernel of {cin} input channels to match the inputs "
+                    f"(im2col shape {shape})", received=f"pattern of im2col shape {pattern.shape}")
+        elif self._pattern_nnz is not None:
+            pattern = _placeholder_pattern(shape[0], self.filters, self._pattern_nnz)
+        else:
+            pattern = SparsityPattern.random(shape, self.density_setting, self.seed)
+        for name, array in (("pattern_rows", pattern.rows), ("pattern_cols", pattern.cols)):
+            setattr(self, name, self.add_weight(
+                name, shape=(pattern.nnz,), dtype=tf.int32, trainable=False,
+                initializer=_initializers.from_array(array)))
+        if self._pattern_values is not None:
+            initializer = _initializers.from_array(self._pattern_values)
+        else:
+            initializer = _initializers.for_sparse_kernel(
+                self.kernel_initializer, _Fans(pattern.nnz, (cin, self.filters)))
+        self.values = self.add_weight(
+            "values", shape=(pattern.nnz,), initializer=initializer,
+            regularizer=self.kernel_regularizer, constraint=self.kernel_constraint,
+            trainable=True)
+        self.bias = None
+        if self.use_bias:
+            self.bias = self.add_weight(
+                "bias", shape=(self.filters,), initializer=self.bias_initializer,
+                regularizer=self.bias_regularizer, constraint=self.bias_constraint,
+                trainable=True)
+        self.input_channels = cin
+        self.input_spec = keras.layers.InputSpec(ndim=4, axes={-1: cin})
+        self.built = True
+
+    def _pattern(self):
+        """The pattern's variables as the ``pattern`` argument of sparse_conv2d."""
+        return _VariablePattern(self.pattern_rows, self.pattern_cols, self._im2col_shape())
+
+    def _im2col_shape(self):
+        kh, kw = self.kernel_size
+        return (kh * kw * self.input_channels, self.filters)
+
+    def call(self, inputs):
+        inputs = tf.convert_to_tensor(inputs)
+        if inputs.dtype != self.compute_dtype:
+            inputs = tf.cast(inputs, self.compute_dtype)
+        outputs = sparse_conv2d(
+            inputs, self.values, self._pattern(), self.kernel_size, self.strides,
+            self.padding, self.dilation_rate, bias=self.bias)
+        outputs.set_shape(self.compute_output_shape(inputs.shape))
+        return outputs if self.activation is None else self.activation(outputs)
+
+    def compute_output_shape(self, input_shape):
+        input_shape = tf.TensorShape(input_shape)
+        sizes = []
+        for size, k, s, d in zip(input_shape[1:3], self.kernel_size, self.strides,
+                                 self.dilation_rate):
+            if size is None:
+                sizes.append(None)
+            elif self.padding == "same":
+                sizes.append(-(-size // s))
+            else:
+                sizes.append(max((size - (k - 1) * d - 1) // s + 1, 0))
+        return tf.TensorShape([input_shape[0], *sizes, self.filters])
+
+    @property
+    def nnz(self):
+        """Number of stored nonzeros of the kernel."""
+        self._require_built("nnz")
+        return int(self.values.shape[0])
+
+    @property
+    def density(self):
+        """``nnz / (kh * kw * cin * filters)``."""
+        return self.nnz / float(np.prod(self._im2col_shape()))
+
+    @property
+    def pattern(self):
+        """The current pattern over the im2col matrix, a ``SparsityPattern``."""
+        self._require_built("pattern")
+        return SparsityPattern(self.pattern_rows.numpy(), self.pattern_cols.numpy(),
+                               self._im2col_shape())
+
+    def to_dense(self):
+        """The kernel as a dense NumPy array ``(kh, kw, cin, filters)``."""
+        kernel = self.pattern.to_scipy(self.values.numpy()).toarray()
+        return kernel.reshape(*self.kernel_size, self.input_channels, self.filters)
+
+    def _require_built(self, name):
+        if not self.built:
+            raise RuntimeError(
+                f"SparseConv2D.{name} is known once the layer is built: call the layer "
+                "on an input or call build((batch, height, width, channels)) first.")
+
+    def get_prunable_weights(self):
+        """tfmot's PrunableLayer interface: the values are prunable."""
+        return [self.values]
+
+    def get_config(self):
+        config = super().get_config()
+        pattern = None
+        if self.built and self.density_setting is None:
+            pattern = {"nnz": self.nnz}
+        elif self._pattern_nnz is not None:
+            pattern = {"nnz": self._pattern_nnz}
+        elif self._pattern_matrix is not None:
+            pattern = {"nnz": self._pattern_matrix.nnz}
+        serialize = {"activation": keras.activations.serialize,
+                     "initializer": keras.initializers.serialize,
+                     "regularizer": keras.regularizers.serialize,
+                     "constraint": keras.constraints.serialize}
+        config.update(
+            filters=self.filters, kernel_size=self.kernel_size, strides=self.strides,
+            padding=self.padding, dilation_rate=self.dilation_rate,
+            density=self.density_setting, pattern=pattern, seed=self.seed,
+            use_bias=self.use_bias)
+        for name in ("activation", "kernel_initializer", "bias_initializer",
+                     "kernel_regularizer", "bias_regularizer", "activity_regularizer",
+                     "kernel_constraint", "bias_constraint"):
+            config[name] = serialize[name.rsplit("_", 1)[-1]](getattr(self, name))
+        return config
+
+
+_VariablePattern = collections.namedtuple("_VariablePattern", ["rows", "cols", "shape"])

@@ -1,0 +1,173 @@
+"""2-D convolution with a sparse kernel, computed tap by tap on the nonzeros."""
+
+import tensorflow as tf
+
+from tfsparse.ops import _tf_internal
+from tfsparse.ops import kernels
+from tfsparse.ops.matmul import sparse_matmul
+from tfsparse.ops.sddmm import use_compiled_kernels
+
+
+class _TapPattern:
+    """The nonzeros of one kernel tap ``(i, j)``: a ``(cin, filters)`` pattern."""
+
+    def __init__(self, rows, cols, shape):
+        self.rows = rows
+        self.cols = cols
+        # Sorted by input then output: a stable sort of the column-major
+        # nonzeros by their row.
+        self.row_major_order = tf.argsort(rows, stable=True)
+        self.shape = shape
+
+
+def _output_size_and_padding(size, kernel, stride, dilation, padding):
+    """Output size and the padding before/after of one spatial axis, as Conv2D."""
+    extent = (kernel - 1) * dilation + 1
+    if padding == "valid":
+        out = (size - extent) // stride + 1
+        return out, 0, 0
+    out = (size + stride - 1) // stride
+    total = tf.maximum((out - 1) * stride + extent - size, 0)
+    return out, total // 2, total - total // 2
+
+
+def sparse_conv2d(x, values, pattern, kernel_size, strides=(1, 1), padding="valid",
+                  dilation_rate=(1, 1), use_kernel=None, bias=None):
+    """``conv2d(x, K) (+ bias)`` for a sparse kernel ``K`` of shape ``(kh, kw, cin, filters)``.
+
+    ``K`` is given as its im2col matrix ``(kh * kw * cin, filters)`` (row
+    ``(i * kw + j) * cin + c``), sparse with ``values`` at ``pattern`` as for
+    ``sparse_matmul``. No dense kernel and no im2col buffer are allocated:
+
+    * on CPU with tfsparse's compiled kernels (``use_kernel``), a direct
+      sparse convolution: every nonzero adds a shifted input row times its
+      value to an output row (forward), the adjoint (input gradient), or a dot
+      product of the two (values gradient), on the input in planar layout
+      (one transposed copy of the padded input);
+    * otherwise (GPU, kernels off, exported SavedModels, which then hold core
+      TensorFlow ops only) as a sum over the ``kh * kw`` taps of each tap's
+      shifted input window ``[batch * out_h * out_w, cin]`` times the tap's
+      sparse ``(cin, filters)`` slice, by ``sparse_matmul`` on TensorFlow's
+      CSR kernels. Training keeps every tap's window for the gradient: ``kh *
+      kw`` copies of the input, the size of an im2col buffer;
+    * in functions XLA compiles (``jit_compile=True``), whose shapes must be
+      static, the nonzeros are scattered into the dense kernel
+      (``kh * kw * cin * filters`` floats, small beside the activations)
+      for ``tf.nn.conv2d``.
+
+    All three compute the same sums (in other orders); the gradients with
+    respect to ``x``, ``values`` and ``bias`` are exact.
+
+    Args:
+      x: float tensor ``[batch, height, width, cin]`` (channels last; float16
+        and bfloat16 are computed in float32 and returned in their own dtype).
+      values: float tensor ``[nnz]``, the nonzeros in pattern order.
+      pattern: a ``SparsityPattern`` or any object with ``rows``, ``cols``,
+        ``row_major_order`` and ``shape == (kh * kw * cin, filters)``.
+      kernel_size, strides, dilation_rate: pairs of positive ints.
+      padding: ``"valid"`` or ``"same"``, as ``tf.nn.conv2d``.
+      use_kernel: ``True``/``False`` to force the compiled kernels or
+        TensorFlow's ops; ``None`` for ``use_compiled_kernels()``.
+      bias: optional float tensor ``[filters]``.
+
+    Returns:
+      A tensor ``[batch, out_h, out_w, filters]``.
+
+    Example:
+      >>> import numpy as np, scipy.sparse
+      >>> from tfsparse.ops import SparsityPattern
+      >>> pattern, values = SparsityPattern.from_scipy(
+      ...     scipy.sparse.random(3 * 3 * 2, 4, density=0.3, format="csr", rng=0))
+      >>> x = np.ones((1, 5, 5, 2), "float32")
+      >>> sparse_conv2d(x, values.astype("float32"), pattern, (3, 3)).shape
+      TensorShape([1, 3, 3, 4])
+    """
+    x = tf.convert_to_tensor(x)
+    if x.dtype in (tf.float16, tf.bfloat16):
+        # Sum the taps in float32 (as sparse_matmul does each tap), round once.
+        y = sparse_conv2d(tf.cast(x, tf.float32), tf.cast(values, tf.float32), pattern,
+                          kernel_size, strides, padding, dilation_rate, use_kernel,
+                          None if bias is None else tf.cast(bias, tf.float32))
+        return tf.cast(y, x.dtype)
+    kh, kw = kernel_size
+    rows_total, filters = (int(s) for s in pattern.shape)
+    cin = rows_total // (kh * kw)
+    if use_kernel is None:
+        use_kernel = use_compiled_kernels()
+    if _tf_internal.in_xla_context():
+        y = _dense_conv2d(x, values, pattern, kernel_size, strides, padding, dilation_rate)
+        return y if bias is None else tf.nn.bias_add(y, tf.cast(bias, y.dtype))
+    shape = tf.shape(x)
+    out_h, top, bottom = _output_size_and_padding(
+        shape[1], kh, strides[0], dilation_rate[0], padding)
+    out_w, left, right = _output_size_and_padding(
+        shape[2], kw, strides[1], dilation_rate[1], padding)
+    if padding == "same":
+        x = tf.pad(x, [[0, 0], [top, bottom], [left, right], [0, 0]])
+    rows = tf.convert_to_tensor(pattern.rows, tf.int32)
+    cols = tf.convert_to_tensor(pattern.cols, tf.int32)
+    values = tf.convert_to_tensor(values, x.dtype)
+    if use_kernel:
+        y = _compiled_conv2d(x, values, rows, cols, filters, kernel_size, strides,
+                             dilation_rate)
+        return y if bias is None else tf.nn.bias_add(y, tf.cast(bias, y.dtype))
+    tap_of = rows // cin
+    y = None
+    for tap in range(kh * kw):
+        i, j = divmod(tap, kw)
+        window = tf.strided_slice(
+            x,
+            [0, i * dilation_rate[0], j * dilation_rate[1], 0],
+            [shape[0], i * dilation_rate[0] + (out_h - 1) * strides[0] + 1,
+             j * dilation_rate[1] + (out_w - 1) * strides[1] + 1, cin],
+            [1, strides[0], strides[1], 1],
+        )
+        at = tf.reshape(tf.where(tf.equal(tap_of, tap)), [-1])  # column-major still
+        tap_pattern = _TapPattern(
+            tf.gather(rows, at) - tap * cin, tf.gather(cols, at), (cin, filters))
+        product = sparse_matmul(
+            tf.reshape(window, [-1, cin]), tf.gather(values, at), tap_pattern,
+            use_kernel=use_kernel, bias=bias if tap == 0 else None,
+        )
+        y = product if y is None else y + product
+    y = tf.reshape(y, tf.stack([shape[0], out_h, out_w, filters]))
+    return y
+
+
+def _compiled_conv2d(x_padded, values, rows, cols, filters, kernel_size, strides,
+                     dilation_rate):
+    """On tfsparse's compiled direct sparse convolution (CPU), planar layout.
+
+    The padded input is transposed to ``[batch, cin, height, width]`` (one
+    copy of the input) so that every nonzero reads and writes whole rows;
+    the output comes back ``[batch, filters, out_h, out_w]`` and is
+    transposed to channels last. Besides these, the backward pass allocates
+    the padded input's gradient and a ``[threads, nnz]`` partial sum.
+    """
+    library = kernels._library()  # noqa: SLF001  (the ops of sparse_conv.cc)
+    attrs = dict(filters=filters, kernel_size=list(kernel_size), strides=list(strides),
+                 dilations=list(dilation_rate), isa=kernels.isa())
+
+    @tf.custom_gradient
+    def conv(xp, values):
+        def grad(dy):
+            dxp = library.tfsparse_sparse_conv_backprop_input(
+                dy, values, rows, cols, tf.shape(xp), **attrs)
+            dvalues = library.tfsparse_sparse_conv_backprop_values(xp, dy, rows, cols, **attrs)
+            return dxp, dvalues
+
+        return library.tfsparse_sparse_conv_forward(xp, values, rows, cols, **attrs), grad
+
+    y = conv(tf.transpose(x_padded, [0, 3, 1, 2]), values)
+    return tf.transpose(y, [0, 2, 3, 1])
+
+
+def _dense_conv2d(x, values, pattern, kernel_size, strides, padding, dilation_rate):
+    """``tf.nn.conv2d`` on the nonzeros scattered into the dense kernel (XLA)."""
+    rows_total, filters = (int(s) for s in pattern.shape)
+    indices = tf.stack([tf.convert_to_tensor(pattern.rows, tf.int32),
+                        tf.convert_to_tensor(pattern.cols, tf.int32)], axis=1)
+    kernel = tf.scatter_nd(indices, tf.cast(values, x.dtype), [rows_total, filters])
+    kernel = tf.reshape(kernel, [kernel_size[0], kernel_size[1], -1, filters])
+    return tf.nn.conv2d(x, kernel, strides=[1, *strides, 1], padding=padding.upper(),
+                        dilations=[1, *dilation_rate, 1])
