@@ -146,3 +146,16 @@ def test_pattern_of_other_input_channels_is_rejected_at_build():
     layer = SparseConv2D(5, 3, pattern=_kernel())
     with pytest.raises(ValueError, match='"pattern", expected a kernel of 2 input channels'):
         layer.build((None, 8, 8, 2))
+
+
+@pytest.mark.parametrize("given", [True, False], ids=["given-pattern", "drawn-pattern"])
+def test_clone_model_rebuilds_the_same_pattern(given):
+    # clone_model rebuilds layers from get_config alone: the clone must be the
+    # same network before any set_weights (issue 14's bug, for SparseConv2D).
+    rng = np.random.default_rng(3)
+    pattern = rng.random((3, 3, 4, 5)) < 0.3 if given else None
+    layer = SparseConv2D(5, 3, pattern=pattern, density=None if given else 0.3, seed=7)
+    model = keras.Sequential([keras.Input((8, 8, 4)), layer])
+    clone = keras.models.clone_model(model)
+    np.testing.assert_array_equal(clone.layers[0].pattern_rows.numpy(), layer.pattern_rows.numpy())
+    np.testing.assert_array_equal(clone.layers[0].pattern_cols.numpy(), layer.pattern_cols.numpy())

@@ -14,7 +14,7 @@ from tfsparse._validation import check_non_negative_int
 from tfsparse._validation import check_positive_int
 from tfsparse._validation import invalid_value
 from tfsparse.layers import _initializers
-from tfsparse.layers.sparse_dense import _placeholder_pattern
+from tfsparse.layers import _pattern_config
 from tfsparse.ops import SparsityPattern
 from tfsparse.ops.conv import sparse_conv2d
 
@@ -92,8 +92,7 @@ class SparseConv2D(keras.layers.Layer, tfmot.sparsity.keras.PrunableLayer):
         if density is not None and pattern is not None:
             raise invalid_value(
                 "density", "None when a pattern is given (the pattern sets it)", density)
-        self._pattern_matrix, self._pattern_values, self._pattern_nnz = (
-            self._check_pattern(pattern))
+        self._pattern_matrix, self._pattern_values = self._check_pattern(pattern)
         if pattern is None:
             density = check_fraction(
                 "density", _DEFAULT_DENSITY if density is None else density)
@@ -112,11 +111,17 @@ class SparseConv2D(keras.layers.Layer, tfmot.sparsity.keras.PrunableLayer):
         self.input_spec = keras.layers.InputSpec(ndim=4)
 
     def _check_pattern(self, pattern):
-        """Returns (scipy (kh*kw*cin, filters) or None, initial values or None, nnz or None)."""
+        """Returns (SparsityPattern over (kh*kw*cin, filters) or None, initial values or None)."""
         if pattern is None:
-            return None, None, None
-        if isinstance(pattern, dict):  # from get_config: the weights follow
-            return None, None, int(pattern["nnz"])
+            return None, None
+        if isinstance(pattern, dict):  # from get_config: the positions, packed
+            decoded = _pattern_config.decode(pattern)
+            kh, kw = self.kernel_size
+            if decoded.shape[1] != self.filters or decoded.shape[0] % (kh * kw):
+                raise invalid_value(
+                    "pattern", f"the im2col pattern of a ({kh}, {kw}, cin, {self.filters}) kernel",
+                    received=f"a config pattern of shape {tuple(decoded.shape)}")
+            return decoded, None
         kh, kw = self.kernel_size
         expected = (f"an array of shape ({kh}, {kw}, cin, {self.filters}) or a scipy.sparse "
                     f"matrix of shape ({kh}*{kw}*cin, {self.filters})")
@@ -137,7 +142,7 @@ class SparseConv2D(keras.layers.Layer, tfmot.sparsity.keras.PrunableLayer):
         if matrix.count_nonzero() == 0:
             raise invalid_value("pattern", "at least one nonzero", received="an all-zero pattern")
         pattern, values = SparsityPattern.from_scipy(matrix)
-        return pattern, values if use_values else None, None
+        return pattern, values if use_values else None
 
     def build(self, input_shape):
         input_shape = tf.TensorShape(input_shape)
@@ -154,8 +159,6 @@ class SparseConv2D(keras.layers.Layer, tfmot.sparsity.keras.PrunableLayer):
                 raise invalid_value(
                     "pattern", f"a kernel of {cin} input channels to match the inputs "
                     f"(im2col shape {shape})", received=f"pattern of im2col shape {pattern.shape}")
-        elif self._pattern_nnz is not None:
-            pattern = _placeholder_pattern(shape[0], self.filters, self._pattern_nnz)
         else:
             pattern = SparsityPattern.random(shape, self.density_setting, self.seed)
         for name, array in (("pattern_rows", pattern.rows), ("pattern_cols", pattern.cols)):
@@ -247,13 +250,15 @@ class SparseConv2D(keras.layers.Layer, tfmot.sparsity.keras.PrunableLayer):
 
     def get_config(self):
         config = super().get_config()
+        # A given pattern travels as its packed positions (clone_model and
+        # from_config rebuild the same layer); a drawn one as its seed.
         pattern = None
         if self.built and self.density_setting is None:
-            pattern = {"nnz": self.nnz}
-        elif self._pattern_nnz is not None:
-            pattern = {"nnz": self._pattern_nnz}
+            pattern = _pattern_config.encode(SparsityPattern(
+                self.pattern_rows.numpy(), self.pattern_cols.numpy(),
+                (int(np.prod(self.kernel_size)) * self.input_channels, self.filters)))
         elif self._pattern_matrix is not None:
-            pattern = {"nnz": self._pattern_matrix.nnz}
+            pattern = _pattern_config.encode(self._pattern_matrix)
         serialize = {"activation": keras.activations.serialize,
                      "initializer": keras.initializers.serialize,
                      "regularizer": keras.regularizers.serialize,
