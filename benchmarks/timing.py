@@ -79,21 +79,6 @@ def isas_to_run(choice):
     return [choice]
 
 
-def traced_on(isa, fn):
-    """Calls ``fn`` once inside ``kernels.use_isa(isa)`` (tracing its tf.functions there).
-
-    Later calls reuse those traces, so they run that variant; ``isa=None``
-    (no compiled kernels) calls it as it is.
-    """
-    import contextlib
-
-    from tfsparse.ops import kernels
-
-    with kernels.use_isa(isa) if isa else contextlib.nullcontext():
-        fn()
-    return fn
-
-
 def describe_machine(isas):
     """One line: the CPU, and the kernel variants timed."""
     from tfsparse.ops import kernels
