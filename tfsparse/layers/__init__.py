@@ -1,4 +1,4 @@
-"""Sparse Keras layers and the Dense-to-sparse converter.
+"""Sparse Keras layers and the Dense/Conv2D-to-sparse converter.
 
 Example:
   >>> import numpy as np
@@ -14,14 +14,22 @@ Example:
   True
 """
 
+from tfsparse.layers._conversion import CROSSOVER_DENSITY
+from tfsparse.layers._conversion import DEFAULT_MAX_DENSITY
 from tfsparse.layers.sparse_conv import SparseConv2D
 from tfsparse.layers.sparse_dense import PatternTensors
 from tfsparse.layers.sparse_dense import SparseDense
 from tfsparse.layers.sparsify import sparsify
+from tfsparse.layers.sparsify_report import SparsifyReport
+from tfsparse.layers.sparsify_report import SparsifyRow
 
 __all__ = [
+    "CROSSOVER_DENSITY",
+    "DEFAULT_MAX_DENSITY",
     "PatternTensors",
     "SparseConv2D",
     "SparseDense",
+    "SparsifyReport",
+    "SparsifyRow",
     "sparsify",
 ]

@@ -1,65 +1,168 @@
-"""sparsify(): turn a trained model's Dense layers into SparseDense layers."""
+"""sparsify(): a trained model's Dense and Conv2D layers as SparseDense and SparseConv2D."""
 
-import scipy.sparse
+import numbers
 
 from tfsparse._framework_internal import is_graph_network
 from tfsparse._keras import keras
+from tfsparse._validation import check_positive_int
 from tfsparse._validation import invalid_value
-from tfsparse.layers.sparse_dense import SparseDense
-
-_DENSE_SETTINGS = (
-    "activation",
-    "use_bias",
-    "kernel_initializer",
-    "bias_initializer",
-    "kernel_regularizer",
-    "bias_regularizer",
-    "activity_regularizer",
-    "kernel_constraint",
-    "bias_constraint",
-    "name",
-    "dtype",
-    "trainable",
-)
+from tfsparse.layers import _conversion
+from tfsparse.layers import _measured_rule
+from tfsparse.layers.sparsify_report import SparsifyReport
+from tfsparse.layers.sparsify_report import SparsifyRow
 
 
-def _is_pruning_wrapper(layer):
-    return type(layer).__name__ == "PruneLowMagnitude"
+def sparsify(model, max_density=None, *, measure=None, batch_size=32, report=False):
+    """Returns a copy of ``model`` whose sparse ``Dense``/``Conv2D`` layers are sparse layers.
 
+    A ``Dense`` becomes a ``SparseDense`` and a channels-last ``Conv2D`` a
+    ``SparseConv2D`` holding exactly the kernel's nonzeros as its pattern and
+    values, with the layer's bias, activation, name and other settings, so the
+    new model's outputs equal the original's (up to float rounding of another
+    summation order). This is the bridge from tensorflow-model-optimization:
+    prune with ``prune_low_magnitude``, call ``strip_pruning``, then
+    ``sparsify``. Every other layer (BatchNormalization, Add, Concatenate,
+    nested models, whose own layers are converted too) is copied with its
+    weights, and the new model trains with ``fit`` and saves as ``.keras``.
 
-def sparsify(model, max_density=None):
-    """Returns a copy of ``model`` whose ``Dense`` layers are ``SparseDense``.
+    A layer converts only where the rule says sparse is faster:
 
-    Each converted layer keeps exactly the nonzero weights of the ``Dense``
-    kernel as its pattern and values, and the layer's other settings, so the
-    new model's outputs equal the original's. This is the bridge from
-    tensorflow-model-optimization: prune with ``prune_low_magnitude``, call
-    ``strip_pruning``, then ``sparsify``.
+    - by density (the default): its kernel's fraction of nonzeros is at most
+      ``max_density`` for its kind. The default, ``DEFAULT_MAX_DENSITY``, is
+      the measured crossover for ``Conv2D`` (``CONV2D_CROSSOVER_DENSITY``,
+      0.03 with the current kernel) and 1.0 for ``Dense`` (every Dense layer,
+      as sparsify always did; ``CROSSOVER_DENSITY`` holds Dense's measured
+      crossover, 0.3, for ``max_density=CROSSOVER_DENSITY``).
+    - measured (``measure="inference"`` or ``"training"``), as SparseProp
+      does: the layer and its sparse twin are timed on the layer's own input
+      shape with ``batch_size`` random examples (medians of interleaved runs:
+      a forward pass, or a forward pass and the gradients), and the faster
+      one is kept. ``max_density`` still caps which layers are timed; here
+      ``None`` times every convertible layer. Timing is not deterministic.
+
+    Layers the sparse layers cannot represent exactly stay as they are, with
+    the reason in the report: channels-first or grouped convolutions, other
+    convolution types, all-zero kernels, kernel constraints or regularizers
+    that act across kernel axes.
 
     Args:
-      model: a built ``tf_keras`` Sequential or functional model.
-      max_density: convert only Dense layers whose kernel density is at most
-        this (others stay Dense). ``None`` converts every Dense layer.
+      model: a built ``tf_keras`` Sequential or functional model (not still
+        wrapped by ``prune_low_magnitude``: call ``strip_pruning`` first).
+      max_density: ``None``, a float in (0, 1] for every kind, or a mapping
+        ``{"Dense": float, "Conv2D": float}`` (missing kinds keep their
+        default).
+      measure: ``None``, ``"inference"`` or ``"training"``.
+      batch_size: positive int, the batch of the measured rule.
+      report: also return a ``SparsifyReport``: one row per kernel layer
+        (name, kind, kernel shape, density, converted, reason);
+        ``print(report)`` shows it as a table.
 
     Returns:
-      A new model with the same weights; ``model`` is unchanged.
+      A new model with the same weights (``model`` is unchanged), or
+      ``(new model, report)`` with ``report=True``.
 
     Example:
       >>> import numpy as np
       >>> from tfsparse._keras import keras
-      >>> model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4)])
-      >>> kernel, bias = model.layers[0].get_weights()
-      >>> kernel[np.abs(kernel) < 0.3] = 0
-      >>> model.layers[0].set_weights([kernel, bias])
-      >>> type(sparsify(model).layers[0]).__name__
-      'SparseDense'
+      >>> model = keras.Sequential([keras.Input((8, 8, 4)),
+      ...                           keras.layers.Conv2D(4, 3, name="conv"),
+      ...                           keras.layers.Flatten(),
+      ...                           keras.layers.Dense(2, name="out")])
+      >>> kernel, bias = model.get_layer("conv").get_weights()
+      >>> kernel[1:] = 0
+      >>> model.get_layer("conv").set_weights([kernel, bias])
+      >>> sparse, report = sparsify(model, max_density=0.5, report=True)
+      >>> [type(layer).__name__ for layer in sparse.layers]
+      ['SparseConv2D', 'Flatten', 'Dense']
+      >>> report["conv"].converted, report["conv"].density
+      (True, 0.3333333333333333)
+      >>> report["out"].reason
+      'density 1.000 > max_density 0.500'
     """
+    limits = _check_arguments(model, max_density, measure, batch_size)
+    rows = []
+    new_model = _sparsify_graph(model, _Rule(limits, measure, batch_size), rows, prefix="")
+    return (new_model, SparsifyReport(tuple(rows))) if report else new_model
+
+
+class _Rule:
+    """Decides one layer: ``(converted layer or None, report row or None)``."""
+
+    def __init__(self, limits, measure, batch_size):
+        self.limits, self.measure, self.batch_size = limits, measure, batch_size
+
+    def __call__(self, layer, name):
+        if not _conversion.has_kernel(layer):
+            return None, None
+        shape, density = _conversion.kernel_summary(layer)
+        kind = type(layer).__name__
+
+        def row(converted, reason):
+            return SparsifyRow(name, kind, tuple(shape), density, converted, reason)
+
+        reason = _conversion.blocker(layer)
+        if reason is not None:
+            return None, row(False, reason)
+        limit = self.limits[kind]
+        if density > limit:
+            return None, row(False, f"density {density:.3f} > max_density {limit:.3f}")
+        if self.measure is None:
+            return (_conversion.to_sparse(layer),
+                    row(True, f"density {density:.3f} <= max_density {limit:.3f}"))
+        return self._measured(layer, row)
+
+    def _measured(self, layer, row):
+        shape, reason = _measured_rule.input_shape(layer)
+        if reason is not None:
+            return None, row(False, reason)
+        sparse = _conversion.to_sparse(layer)
+        dense_s, sparse_s = _measured_rule.time_pair(
+            layer, sparse, shape, self.batch_size, self.measure)
+        timing = (f"{self.measure}, batch {self.batch_size}: sparse {sparse_s * 1e3:.2f} ms, "
+                  f"dense {dense_s * 1e3:.2f} ms")
+        if sparse_s < dense_s:
+            return sparse, row(True, "faster sparse: " + timing)
+        return None, row(False, "faster dense: " + timing)
+
+
+def _sparsify_graph(model, rule, rows, prefix):
+    """``model`` cloned with the layers ``rule`` converts; appends the report rows."""
+    replaced = set()  # layers whose clone already holds its weights
+
+    def clone(layer):
+        name = prefix + layer.name
+        if isinstance(layer, keras.Model) and _is_graph_model(layer):
+            replaced.add(layer.name)
+            return _sparsify_graph(layer, rule, rows, prefix=name + "/")
+        sparse, row = rule(layer, name)
+        if row is not None:
+            rows.append(row)
+        if sparse is not None:
+            replaced.add(layer.name)
+            return sparse
+        return layer.__class__.from_config(layer.get_config())
+
+    new_model = keras.models.clone_model(model, clone_function=clone)
+    for layer in model.layers:
+        if layer.name not in replaced and layer.weights:
+            new_model.get_layer(layer.name).set_weights(layer.get_weights())
+    return new_model
+
+
+def _is_graph_model(model):
+    return isinstance(model, keras.Sequential) or is_graph_network(model)
+
+
+def _check_arguments(model, max_density, measure, batch_size):
+    """Validates the arguments; returns the density limit per kind."""
     if not isinstance(model, keras.Model):
         raise invalid_value("model", "a tf_keras Model",
                             received=f"model of type {type(model).__name__}")
-    if max_density is not None and not 0 < max_density <= 1:
-        raise invalid_value("max_density", "None or a float in (0, 1]", max_density)
-    if not (isinstance(model, keras.Sequential) or is_graph_network(model)):
+    if measure is not None and measure not in _measured_rule.MODES:
+        raise invalid_value("measure", "None, 'inference' or 'training'", measure)
+    check_positive_int("batch_size", batch_size)
+    limits = _limits(max_density, measure)
+    if not _is_graph_model(model):
         # Keras clones only these: a subclassed model's call() is code.
         raise invalid_value(
             "model", "a Sequential or functional model (a subclassed model's layers "
@@ -71,49 +174,39 @@ def sparsify(model, max_density=None):
             "model", "a built model (call it on data or give it an Input first)",
             received=f"an unbuilt model {model.name!r}",
         )
+    _refuse_pruning_wrappers(model)
+    return limits
+
+
+def _limits(max_density, measure):
+    def fraction(value, shown):
+        if (not isinstance(value, numbers.Real) or isinstance(value, bool)
+                or not 0 < value <= 1):
+            raise invalid_value("max_density", "None, a float in (0, 1] or a mapping from "
+                                f"{' and '.join(_conversion.KINDS)} to such floats",
+                                received=f"max_density={shown!r}")
+        return float(value)
+
+    if max_density is None:
+        return (dict.fromkeys(_conversion.KINDS, 1.0) if measure is not None
+                else dict(_conversion.DEFAULT_MAX_DENSITY))
+    if not hasattr(max_density, "items"):
+        return dict.fromkeys(_conversion.KINDS, fraction(max_density, max_density))
+    unknown = sorted(set(max_density) - set(_conversion.KINDS))
+    if unknown:
+        fraction(None, dict(max_density))  # raises, naming what was received
+    limits = dict(_conversion.DEFAULT_MAX_DENSITY)
+    limits.update({kind: fraction(value, dict(max_density))
+                   for kind, value in max_density.items()})
+    return limits
+
+
+def _refuse_pruning_wrappers(model):
     for layer in model.layers:
-        if _is_pruning_wrapper(layer):
+        if type(layer).__name__ == "PruneLowMagnitude":
             raise ValueError(
                 f"Layer {layer.name!r} is still wrapped for pruning: call "
                 "tfmot.sparsity.keras.strip_pruning(model) before sparsify(model)."
             )
-    converted = {}
-
-    def clone(layer):
-        if type(layer) is keras.layers.Dense and _should_convert(layer, max_density):
-            sparse = _to_sparse_dense(layer)
-            converted[layer.name] = sparse
-            return sparse
-        return layer.__class__.from_config(layer.get_config())
-
-    new_model = keras.models.clone_model(model, clone_function=clone)
-    for layer in model.layers:
-        if layer.name in converted or not layer.weights:
-            continue
-        new_model.get_layer(layer.name).set_weights(layer.get_weights())
-    return new_model
-
-
-def _should_convert(layer, max_density):
-    if max_density is None:
-        return True
-    kernel = layer.kernel.numpy()
-    return (kernel != 0).mean() <= max_density
-
-
-def _to_sparse_dense(layer):
-    kernel = layer.kernel.numpy()
-    if kernel.ndim != 2:
-        raise ValueError(
-            f"Dense layer {layer.name!r} has a kernel of shape {kernel.shape}; "
-            "only 2-D kernels convert."
-        )
-    config = layer.get_config()
-    settings = {key: config[key] for key in _DENSE_SETTINGS if key in config}
-    sparse = SparseDense(
-        config["units"], pattern=scipy.sparse.csr_matrix(kernel), **settings
-    )
-    sparse.build((None, kernel.shape[0]))
-    if layer.use_bias:
-        sparse.bias.assign(layer.bias)
-    return sparse
+        if isinstance(layer, keras.Model):
+            _refuse_pruning_wrappers(layer)
