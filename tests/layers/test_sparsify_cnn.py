@@ -158,3 +158,19 @@ def test_float64_kernels_keep_their_precision():
     sparse = sparsify(model, max_density=1.0)
     assert sparse.get_layer("conv1").values.dtype == "float64"
     np.testing.assert_array_equal(sparse.get_layer("conv1").to_dense(), kernel)
+
+
+def test_mixed_precision_convolutions_convert_with_their_policy():
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        model = integer_weights(sequential_cnn(), density=0.3)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    sparse = sparsify(model, max_density=1.0)
+    conv = sparse.get_layer("conv1")
+    assert (conv.compute_dtype, conv.variable_dtype) == ("float16", "float32")
+    x = integer_inputs(model)
+    # Integer sums below 2048 are exact in float16 too (11-bit significand).
+    expected = model.predict(x, verbose=0)
+    assert np.abs(expected).max() < 2048
+    np.testing.assert_array_equal(sparse.predict(x, verbose=0), expected)
