@@ -10,12 +10,13 @@
 3. ``tfsparse.sparsify``: every pruned layer becomes a SparseConv2D /
    SparseDense (``--max-density 0.5``: all but the unpruned stem; the
    default rule would convert the convolutions only below its measured
-   crossover density), prints the report, and checks that the sparse model predicts what the pruned one
-   does (same classes, logits equal up to float rounding).
+   crossover density), prints the report, and checks that the sparse model
+   predicts what the pruned one does (same classes, logits equal up to float
+   rounding).
 4. Fine-tunes the sparse model one more epoch (on its fixed pattern) and
    round-trips it through the ``.keras`` format.
 
-About three minutes on 2 CPU cores. Usage:
+About four and a half minutes on 2 shared CPU cores. Usage:
     python examples/sparse_resnet_mnist.py [--sparsity 0.9] [--epochs 4] [--prune-epochs 6]
         [--out out/sparse_resnet]
 """
@@ -156,8 +157,9 @@ def main(argv=None):
     sparse.save(path)
     loaded = keras.models.load_model(path)
     agree = np.array_equal(loaded.predict(x_test, verbose=0), sparse.predict(x_test, verbose=0))
-    print(f"test accuracy after one sparse epoch: {sparse.evaluate(x_test, y_test, verbose=0)[1]:.3f}; "
-          f"saved {path}, reloaded with the same predictions: {agree}")
+    accuracy = sparse.evaluate(x_test, y_test, verbose=0)[1]
+    print(f"test accuracy after one sparse epoch: {accuracy:.3f}; saved {path}, "
+          f"reloaded with the same predictions: {agree}")
 
 
 if __name__ == "__main__":
