@@ -19,8 +19,9 @@ from tfsparse.layers.sparse_dense import SparseDense
 #     python benchmarks/sparse_conv_speed.py --repeats 10
 # (3x3, 64 -> 64 channels, 32 x 32, stride 1, "same", batch 32, float32) on
 # the project's 2-core Intel Xeon (AVX-512), kernel variant avx512: Conv2D
-# took 1.09x SparseConv2D's inference time at 2% density and 0.88x at 5%; a
-# training step pays from about 5-8%. Strided and 1x1 layers did not pay at
+# took 1.09x SparseConv2D's inference time at 2% density and 0.88x at 5%
+# (ratio 1, linearly interpolated, at 3.3%); a training step pays from about
+# 5-8%. Strided and 1x1 layers did not pay at
 # 5%, nor did the 16- and 32-channel layers of benchmarks/sparse_resnet.py.
 # Rerun the command after a kernel change and update the number.
 CONV2D_CROSSOVER_DENSITY = 0.03
