@@ -150,6 +150,32 @@ def test_paths_agree_with_sampled_nonzero_count_and_threads(variant, distributio
         _check_selection(g, values, indices, float(eta))
 
 
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("distribution", DISTRIBUTIONS)
+@pytest.mark.parametrize("exclude_zeros", [True, False])
+@pytest.mark.parametrize("sample_scale", [1.0, 0.01, 100.0])
+def test_selection_is_exact_whatever_the_sample_guesses(variant, distribution, exclude_zeros,
+                                                        sample_scale):
+    # From 2**18 elements the op fits 16 evenly spaced chunks of 2048
+    # elements first, for a threshold below stage 1's; pass 1 keeps the
+    # elements above it, pass 2 filters them. Scaled down, the sample guesses
+    # far too low (most elements kept, then filtered); scaled up, above the
+    # real threshold (pass 2 selects from all of x again): neither may change
+    # the threshold (that of the TensorFlow path, which samples the same
+    # nonzero count above EXACT_COUNT_LIMIT) or the selection.
+    size = 300_001
+    g = _gradient("dead_student_t3", size, seed=12)
+    for j in range(16):
+        begin = (size - 2048) * j // 15
+        g[begin:begin + 2048] *= sample_scale
+    kernel = sidco_select(tf.constant(g), 0.01, 1, distribution, exclude_zeros=exclude_zeros,
+                          use_kernel=True)
+    fallback = sidco_select(tf.constant(g), 0.01, 1, distribution, exclude_zeros=exclude_zeros,
+                            use_kernel=False)
+    assert float(kernel[2]) == pytest.approx(float(fallback[2]), rel=FLOAT32_RTOL)
+    _check_selection(g, *kernel)
+
+
 @pytest.mark.parametrize("use_kernel", PATHS)
 @pytest.mark.parametrize("distribution", DISTRIBUTIONS)
 @pytest.mark.parametrize("exclude_zeros", [True, False])
