@@ -28,10 +28,12 @@ def kept_after_drop(values, n_drop):
       [0, 3]
     """
     magnitudes = np.abs(np.asarray(values))
-    if not np.all(np.isfinite(magnitudes)):
+    if magnitudes.size and not np.isfinite(magnitudes.max()):  # max is NaN if any is
         raise ValueError("Cannot drop weights by magnitude: the layer has non-finite values.")
-    order = np.argsort(magnitudes, kind="stable")  # by magnitude, then key
-    return np.sort(order[int(n_drop):])
+    # The largest magnitudes stay; among equal ones the larger key stays
+    # (top_k prefers smaller keys: negate them). Linear time, no full sort.
+    kept = top_k(magnitudes, magnitudes.size - int(n_drop), keys=-np.arange(magnitudes.size))
+    return np.sort(kept)
 
 
 def top_k(scores, k, keys=None):
