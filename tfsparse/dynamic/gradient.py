@@ -21,6 +21,8 @@ def layer_gradients(model, layers, x, y, loss=None):
 
     One eager forward and backward pass of ``model`` on ``(x, y)`` in
     training mode; ``loss`` defaults to the model's compiled loss (one output).
+    For updates outside ``fit`` (a custom loop): ``callbacks.DynamicSparsity``
+    takes the training step's own (``StepGradients``) and needs no extra pass.
 
     Returns:
       A list of ``(inputs [batch, input_dim], d loss / d z [batch, units])``.
