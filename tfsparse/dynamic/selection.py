@@ -157,4 +157,4 @@ def new_order(old_keys, new_keys):
       [0, -1, 2]
     """
     at = np.minimum(np.searchsorted(old_keys, new_keys), old_keys.size - 1)
-    return np.where(_contains(old_keys, new_keys), at, -1)
+    return np.where(old_keys[at] == new_keys, at, -1)
