@@ -56,7 +56,7 @@ def train(method, sparsity, seed, data, args):
         if method in ("set", "rigl"):
             callbacks.append(DynamicSparsity(
                 method, update_every=args.update_every, drop_fraction=0.3,
-                end_step=0.75, data=(x, y), batch_size=args.batch_size, seed=seed))
+                end_step=0.75, seed=seed))
     compile_for_mnist(model)
     model.fit(x, y, batch_size=args.batch_size, epochs=args.epochs, verbose=0,
               callbacks=callbacks, shuffle=True)

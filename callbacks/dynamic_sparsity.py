@@ -5,8 +5,9 @@ import time
 
 import numpy as np
 
-from tfsparse._keras import keras
+from tfsparse import _framework_internal
 from tfsparse import dynamic
+from tfsparse._keras import keras
 from tfsparse._validation import invalid_value as _invalid
 from tfsparse.dynamic import selection
 from tfsparse.dynamic.update import active_horovod
@@ -30,13 +31,21 @@ class DynamicSparsity(keras.callbacks.Callback):
     nonzeros only all along: the dense gradient RigL needs is formed
     ``block_elements`` entries at a time at update steps only.
 
-    RigL's gradient is taken on a batch of ``data``, the training set passed
-    again: at step ``t`` the ``batch_size`` rows drawn by a generator seeded
-    with ``(seed, t)``. (A Keras callback does not see the step's own batch;
-    a random training batch is what that batch is, statistically.) Every
-    choice depends only on ``seed``, the step (``optimizer.iterations``) and
-    the model's state, so ``keras.callbacks.BackupAndRestore`` resumes
-    bit-identically: the pattern is in the layers' weights.
+    RigL's gradient is the one the update step itself computes: the step's
+    own batch, its loss (the compiled loss with sample weights, or what a
+    custom ``train_step`` differentiates) and the weights before the
+    optimizer applies it, as in google-research/rigl. The callback keeps
+    each layer's inputs and output gradient of that step
+    (``tfsparse.dynamic.StepGradients``, which wraps the model's
+    ``train_step`` during ``fit`` and restores it at the end), and forms
+    ``x^T dz`` after the step. Every choice depends only on ``seed``, the
+    step (``optimizer.iterations``), the step's batch and the model's state,
+    so ``keras.callbacks.BackupAndRestore`` resumes bit-identically: the
+    pattern is in the layers' weights.
+
+    Updates run between executions: with ``steps_per_execution > 1`` every
+    update step must end one (as it does when ``update_every`` and the steps
+    per epoch are multiples of it), else ``fit`` stops with an error.
 
     Under ``horovodrun`` (Horovod initialized, more than one process) the
     grow gradient is averaged over the ranks block by block and rank 0's new
@@ -53,10 +62,7 @@ class DynamicSparsity(keras.callbacks.Callback):
       end_step: last update step: an int >= 1, or a float in (0, 1], the
         fraction of the training steps (RigL: 0.75).
       layers: the SparseDense layers (or their names) to update; None for all.
-      data: ``(x, y)`` arrays of training data, required for RigL.
-      batch_size: rows of ``data`` per RigL gradient.
-      seed: int, seeds SET's growth and RigL's batches.
-      loss: RigL's loss; None for the model's compiled loss.
+      seed: int, seeds SET's growth.
       block_elements: int, the most dense-gradient entries formed at once.
       verbose: 0 or 1 (1 prints each update).
 
@@ -68,15 +74,14 @@ class DynamicSparsity(keras.callbacks.Callback):
       >>> model = keras.Sequential([keras.Input((8,)), SparseDense(16, density=0.25,
       ...     seed=0, activation="relu"), SparseDense(1, density=0.5, seed=1)])
       >>> model.compile("adam", "mse")
-      >>> callback = DynamicSparsity("rigl", update_every=2, data=(x, y), batch_size=16)
+      >>> callback = DynamicSparsity("rigl", update_every=2)
       >>> _ = model.fit(x, y, batch_size=16, epochs=2, verbose=0, callbacks=[callback])
       >>> [update["step"] for update in callback.updates]
       [2, 4]
     """
 
     def __init__(self, method="rigl", update_every=100, drop_fraction=0.3, decay="cosine",
-                 end_step=0.75, layers=None, data=None, batch_size=128, seed=0, loss=None,
-                 block_elements=None, verbose=0):
+                 end_step=0.75, layers=None, seed=0, block_elements=None, verbose=0):
         super().__init__()
         errors = []
         if method not in METHODS:
@@ -91,66 +96,77 @@ class DynamicSparsity(keras.callbacks.Callback):
                 or (_is_real(end_step) and not _is_int(end_step) and 0 < end_step <= 1)):
             errors.append(_invalid("end_step", "an integer >= 1 or a float in (0, 1]",
                                    end_step))
-        if method == "rigl" and (not isinstance(data, (tuple, list)) or len(data) != 2):
-            errors.append(_invalid("data", "(x, y) training arrays for RigL's gradient",
-                                   received=f"data of type {type(data).__name__}"))
-        if not _is_int(batch_size) or batch_size < 1:
-            errors.append(_invalid("batch_size", "an integer >= 1", batch_size))
         if not _is_int(seed):
             errors.append(_invalid("seed", "an integer", seed))
         if errors:
             raise ValueError("\n".join(str(error) for error in errors))
         self.method, self.update_every = method, int(update_every)
         self.drop_fraction, self.decay, self.end_step = float(drop_fraction), decay, end_step
-        self.layer_selection, self.data, self.batch_size = layers, data, int(batch_size)
-        self.seed, self.loss, self.block_elements = int(seed), loss, block_elements
+        self.layer_selection, self.seed, self.block_elements = layers, int(seed), block_elements
         self.verbose = verbose
         self.updates = []
+        self._capture = self._installed = None
 
     # ---------------------------------------------------------------- Keras hooks
     def on_train_begin(self, logs=None):
         self.updates = []
         self._layers = self._resolve_layers()
-        self._last_step = self._end = None
-        steps = (self.params or {}).get("steps")
-        epochs = (self.params or {}).get("epochs")
-        if _is_int(self.end_step):
-            self._end = int(self.end_step)
-        elif steps and epochs:
-            self._end = int(self.end_step * steps * epochs)
-        else:
-            raise ValueError(
-                "DynamicSparsity(end_step=<fraction>) needs the number of training steps; "
-                "fit without steps_per_epoch on an unsized dataset does not give it: "
-                "pass end_step as an integer step.")
+        self._end = self._end_step()
+        self._start = self._due = None
         self._epoch_seconds = 0.0
+        self._installed = False
+        if self.method == "rigl":
+            if self.model.jit_compile:
+                raise ValueError(
+                    "DynamicSparsity('rigl') keeps each layer's inputs and output gradient of "
+                    "an update step in variables whose batch size varies, which XLA cannot "
+                    "compile: compile the model with jit_compile=False (SET works with XLA). "
+                    "Received: jit_compile=True")
+            if self._capture is None or self._capture.layers != self._layers:
+                self._capture = dynamic.StepGradients(self._layers)
+            self._capture.install(self.model)  # traces the step once per compiled model
+            self._installed = True
+
+    def on_train_end(self, logs=None):
+        if self._installed:
+            self._capture.remove(self.model)
+            self._installed = False
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch_seconds = 0.0
 
     def on_train_batch_begin(self, batch, logs=None):
-        self._last_step = int(self.model.optimizer.iterations.numpy())
+        self._start = int(self.model.optimizer.iterations.numpy())
+        due = (self._start // self.update_every + 1) * self.update_every
+        self._due = due if due < self._end else None
+        steps = _framework_internal.steps_per_execution(self.model)
+        if self._installed and self._due is not None and due <= self._start + steps:
+            self._capture.arm()  # the execution's last step leaves its gradient
 
     def on_train_batch_end(self, batch, logs=None):
         step = int(self.model.optimizer.iterations.numpy())
-        if self._last_step is not None and step - self._last_step != 1:
+        if self._installed:
+            self._capture.disarm()
+        if self._due is None or step < self._due:
+            return
+        if step > self._due:
             raise ValueError(
-                "DynamicSparsity updates between single steps: compile the model "
-                f"with steps_per_execution=1. Received: {step - self._last_step} "
-                "steps per execution")
-        if step % self.update_every == 0 and 0 < step < self._end:
-            self.update(step)
+                f"DynamicSparsity updates between executions, but the update step "
+                f"{self._due} fell inside one (steps {self._start + 1}-{step}): compile "
+                "with steps_per_execution=1, or make update_every and the steps per "
+                "epoch multiples of steps_per_execution.")
+        self.update(step, executed=step - self._start)
 
     def on_epoch_end(self, epoch, logs=None):
         if logs is not None:
             logs["dynamic_sparsity/update_seconds"] = self._epoch_seconds
 
     # ---------------------------------------------------------------- the update
-    def update(self, step):
-        """Runs the drop-and-grow update of ``step`` on every layer."""
+    def update(self, step, executed=1):
+        """Runs the drop-and-grow update after ``step`` (``executed`` steps since the last)."""
         start = time.perf_counter()
         fraction = dynamic.drop_fraction_at(step, self.drop_fraction, self._end, self.decay)
-        gradients = self._gradients(step) if self.method == "rigl" else None
+        gradients = self._capture.captured(executed) if self.method == "rigl" else None
         hvd = active_horovod()
         moved = {}
         for index, layer in enumerate(self._layers):
@@ -176,12 +192,17 @@ class DynamicSparsity(keras.callbacks.Callback):
         return lambda taken, count: dynamic.largest_gradient_keys(
             inputs, output_gradients, taken, count, self.block_elements, average)
 
-    def _gradients(self, step):
-        x, y = self.data
-        rng = np.random.default_rng([self.seed, step])
-        rows = np.sort(rng.choice(len(x), size=min(self.batch_size, len(x)), replace=False))
-        return dynamic.layer_gradients(self.model, self._layers, np.asarray(x)[rows],
-                                       np.asarray(y)[rows], loss=self.loss)
+    def _end_step(self):
+        if _is_int(self.end_step):
+            return int(self.end_step)
+        steps = (self.params or {}).get("steps")
+        epochs = (self.params or {}).get("epochs")
+        if steps and epochs:
+            return int(self.end_step * steps * epochs)
+        raise ValueError(
+            "DynamicSparsity(end_step=<fraction>) needs the number of training steps; "
+            "fit without steps_per_epoch on an unsized dataset does not give it: "
+            "pass end_step as an integer step.")
 
     def _resolve_layers(self):
         _refuse_distributed(self.model)
@@ -208,6 +229,12 @@ def _refuse_distributed(model):
             "(tfsparse.partition.distribute): each rank's plan is computed from the "
             "pattern and would go stale. Train the whole model with DynamicSparsity, "
             "then partition it.")
+    if model.distribute_strategy.num_replicas_in_sync > 1:
+        raise ValueError(
+            "DynamicSparsity runs under one replica per process (use horovodrun for "
+            "data parallelism); received a model compiled under "
+            f"{type(model.distribute_strategy).__name__} with "
+            f"{model.distribute_strategy.num_replicas_in_sync} replicas.")
     if getattr(model, "pipeline", None) is not None:
         raise ValueError(
             "DynamicSparsity cannot move the pattern of a model compiled under "

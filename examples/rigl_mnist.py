@@ -7,8 +7,8 @@ Trains a 784-1024-1024-10 MLP of SparseDense layers from scratch at a global
 sparsity, the layers' densities chosen by RigL's Erdos-Renyi-Kernel rule
 (``tfsparse.dynamic.erk_densities``), while ``callbacks.DynamicSparsity``
 moves the pattern: every 50 steps until 75% of training each layer drops the
-smallest weights and regrows where the dense gradient is largest (RigL) or
-at random (SET). ``keras.callbacks.BackupAndRestore`` makes the run
+smallest weights and regrows where the dense gradient of the step's batch
+is largest (RigL) or at random (SET). ``keras.callbacks.BackupAndRestore`` makes the run
 resumable (interrupt it and run it again). Prints the test accuracy, how
 much of each layer's pattern moved, and saves the model in the Keras format,
 whose reload carries the final pattern.
@@ -80,8 +80,7 @@ def main():
     for layer in model.layers:
         print(f"{layer.name}: {layer.input_dim} x {layer.units}, density {layer.density:.4f}")
     dynamic = DynamicSparsity(args.method, update_every=50, drop_fraction=0.3,
-                              end_step=0.75, data=(x_train, y_train),
-                              batch_size=args.batch_size, seed=args.seed)
+                              end_step=0.75, seed=args.seed)
     model.fit(x_train, y_train, batch_size=args.batch_size, epochs=args.epochs,
               validation_data=(x_test, y_test), verbose=2, callbacks=[
                   dynamic, keras.callbacks.BackupAndRestore(str(out / "backup"))])

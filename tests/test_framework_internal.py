@@ -72,6 +72,18 @@ def test_step_counters_are_the_ones_keras_advances(kind):
     assert int(_framework_internal.count_steps(model, kind, 2)) == 5
 
 
+def test_steps_per_execution_is_what_fit_runs_per_execution():
+    model = _dense_model()
+    model.compile(optimizer="sgd", loss="mse", steps_per_execution=2)
+    seen = []
+    callback = keras.callbacks.LambdaCallback(on_train_batch_begin=lambda batch, logs: seen.append(
+        _framework_internal.steps_per_execution(model)))
+    # 5 batches: two executions of 2 steps, then fit shortens the last one to 1.
+    model.fit(np.ones((10, 3)), np.ones((10, 1)), batch_size=2, verbose=0, callbacks=[callback])
+    assert seen == [2, 2, 1]
+    assert int(model.optimizer.iterations.numpy()) == 5
+
+
 def test_horovod_callbacks_compute_with_the_backend_they_are_handed():
     hvd_keras.init()
     stock = hvd_keras.callbacks.MetricAverageCallback()
@@ -140,7 +152,7 @@ def test_sparse_dense_is_prunable_through_tfmots_public_class():
 _PRIVATE_NAMES = {
     "_callable_losses", "_is_graph_network", "_train_counter", "_test_counter",
     "_predict_counter", "_tfll_initialized", "_tfll_keras_version", "backend",
-    "_index_dict", "_var_key",
+    "_index_dict", "_var_key", "_steps_per_execution",
 }
 _INTERNAL_FILES = {"tfsparse/_framework_internal.py", "tfsparse/ops/_tf_internal.py"}
 

@@ -122,3 +122,19 @@ def optimizer_slot_index(optimizer, variable):
         return None
     index = optimizer._index_dict.get(optimizer._var_key(variable))
     return None if index is None else (index, len(optimizer._index_dict))
+
+
+def steps_per_execution(model):
+    """How many steps the model's next train, test or predict execution runs.
+
+    tf_keras keeps it in ``_steps_per_execution``; ``fit`` shortens it for
+    the last execution of an epoch before ``on_train_batch_begin``.
+
+    Example:
+      >>> from tfsparse._keras import keras
+      >>> model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+      >>> model.compile(loss="mse", steps_per_execution=4)
+      >>> steps_per_execution(model)
+      4
+    """
+    return int(model._steps_per_execution.numpy())

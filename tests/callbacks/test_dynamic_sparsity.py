@@ -5,14 +5,18 @@ import sys
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from callbacks import DynamicSparsity
 from tfsparse._keras import keras
 from tfsparse.dynamic import drop_fraction_at
+from tfsparse.dynamic import selection
 from tfsparse.layers import SparseDense
 
 sys.path.insert(0, str(pathlib.Path(__file__).parents[1] / "layers"))
+sys.path.insert(0, str(pathlib.Path(__file__).parents[1] / "dynamic"))
 from layer_contract import serve_in_fresh_process  # noqa: E402
+from rigl_reference import reference_update  # noqa: E402
 
 RNG = np.random.default_rng(0)
 X = RNG.standard_normal((64, 12)).astype(np.float32)
@@ -39,8 +43,7 @@ def test_updates_follow_the_schedule_and_keep_nnz(method):
     model = _model()
     before = _patterns(model)
     nnz = [layer.nnz for layer in model.layers]
-    callback = DynamicSparsity(method, update_every=3, drop_fraction=0.5, end_step=0.5,
-                               data=(X, Y), batch_size=16, seed=1)
+    callback = DynamicSparsity(method, update_every=3, drop_fraction=0.5, end_step=0.5, seed=1)
     model.fit(X, Y, batch_size=8, epochs=3, verbose=0, callbacks=[callback])
     end = int(0.5 * 8 * 3)  # 24 steps of training
     assert [u["step"] for u in callback.updates] == [3, 6, 9]
@@ -59,6 +62,126 @@ def test_updates_follow_the_schedule_and_keep_nnz(method):
                                atol=1e-4)
 
 
+class _HalfSquares(keras.Model):
+    """A user's own train_step and loss: 0.5 * sum((z - y)^2), so dz = z - y."""
+
+    def train_step(self, data):
+        x, y = data
+        with tf.GradientTape() as tape:
+            loss = 0.5 * tf.reduce_sum(tf.square(self(x, training=True) - y))
+        gradients = tape.gradient(loss, self.trainable_variables)
+        self.optimizer.apply_gradients(zip(gradients, self.trainable_variables))
+        return {"loss": loss}
+
+
+def _one_layer_model(case, learning_rate):
+    keras.utils.set_random_seed(0)
+    layer = SparseDense(6, density=0.5, seed=4, name="layer")
+    inputs = keras.Input((12,), name="features")
+    kind = {"custom_train_step": _HalfSquares}.get(case, keras.Model)
+    model = kind({"features": inputs} if case == "dict_inputs" else inputs, layer(inputs))
+    model.compile(keras.optimizers.SGD(learning_rate), "mse",
+                  steps_per_execution=2 if case == "steps_per_execution" else 1)
+    return model, layer
+
+
+def _fit_arguments(case, x, y, weights):
+    if case == "dataset_sample_weights":  # tf.data, and weights in the step's loss
+        return dict(x=tf.data.Dataset.from_tensor_slices((x, y, weights)).batch(8))
+    if case == "dict_inputs":
+        return dict(x={"features": x}, y=y, batch_size=8, shuffle=False)
+    return dict(x=x, y=y, batch_size=8, shuffle=False)
+
+
+def _step_gradient(case, x, y, weights, kernel, bias):
+    """d loss / d W of one batch: Keras's mse is mean_b(w_b mean_u (z - y)^2)."""
+    z = x.astype(np.float64) @ kernel + bias
+    if case == "custom_train_step":
+        dz = z - y
+    else:
+        dz = weights[:, None] * 2 * (z - y) / (z.shape[0] * z.shape[1])
+    return x.T.astype(np.float64) @ dz
+
+
+class _StateAround(keras.callbacks.Callback):
+    """Listed before DynamicSparsity: the layer before step ``step`` and after it."""
+
+    def __init__(self, layer, step):
+        super().__init__()
+        self.layer, self.step = layer, step
+
+    def on_train_begin(self, logs=None):
+        self.keras_train_function = self.model.train_function  # before DynamicSparsity's
+
+    def on_train_batch_begin(self, batch, logs=None):
+        # The last begin at or before the step (an execution of 2 begins 2 before).
+        if self.step - 2 <= int(self.model.optimizer.iterations.numpy()) < self.step:
+            self.kernel = self.layer.to_scipy().toarray()
+            self.bias = self.layer.bias.numpy()
+
+    def on_train_batch_end(self, batch, logs=None):
+        if int(self.model.optimizer.iterations.numpy()) == self.step:
+            pattern = self.layer.pattern
+            self.keys = selection.keys_of(pattern.rows, pattern.cols, self.layer.input_dim)
+            self.values = self.layer.values.numpy()
+
+
+@pytest.mark.parametrize("case", ["numpy", "dataset_sample_weights", "dict_inputs",
+                                  "custom_train_step", "steps_per_execution"])
+def test_rigl_grows_where_the_gradient_of_the_trained_batch_is_largest(case):
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((64, 12)).astype(np.float32)  # 8 batches that differ
+    y = rng.standard_normal((64, 6)).astype(np.float32)
+    weights = (rng.uniform(0.1, 2.0, 64) if case == "dataset_sample_weights"
+               else np.ones(64)).astype(np.float32)
+    # Steps per execution 2: the weights before an execution's last step are
+    # not observable, so SGD does not move them (lr 0); the batch still decides.
+    learning_rate = 0.0 if case == "steps_per_execution" else 0.1
+    step = 4 if case == "steps_per_execution" else 3
+    model, layer = _one_layer_model(case, learning_rate)
+    around = _StateAround(layer, step)
+    rigl = DynamicSparsity("rigl", update_every=step, drop_fraction=0.5, decay="constant",
+                           end_step=step + 1)
+    model.fit(**_fit_arguments(case, x, y, weights), epochs=1, verbose=0,
+              callbacks=[around, rigl])
+    assert [u["step"] for u in rigl.updates] == [step]
+
+    def expected_keys(batch):
+        rows = slice(8 * batch, 8 * batch + 8)
+        gradient = _step_gradient(case, x[rows], y[rows], weights[rows], around.kernel,
+                                  around.bias)
+        count = int(0.5 * layer.nnz)
+        return reference_update(around.keys, around.values, [], np.abs(gradient.T.ravel()),
+                                count, layer.input_dim * layer.units)[0]
+
+    keys = selection.keys_of(layer.pattern.rows, layer.pattern.cols, layer.input_dim)
+    np.testing.assert_array_equal(keys, expected_keys(step - 1))  # the step's own batch
+    assert not np.array_equal(keys, expected_keys(step - 2))  # another batch would differ
+    # fit leaves the model as it found it.
+    assert "train_step" not in vars(model) and layer._gradient_probe is None
+    assert model.train_function is around.keras_train_function
+
+
+def test_the_step_is_traced_once_per_compiled_model():
+    model = _model()
+    rigl = DynamicSparsity("rigl", update_every=3, end_step=100, seed=0)
+    used = []
+    record = keras.callbacks.LambdaCallback(  # listed after DynamicSparsity
+        on_train_batch_begin=lambda batch, logs: used.append(model.train_function))
+
+    def fit():
+        used.clear()
+        model.fit(X, Y, batch_size=8, epochs=1, verbose=0, callbacks=[rigl, record])
+        return used[0]
+
+    first = fit()
+    assert fit() is first  # fit per epoch: no new trace for the same compiled model
+    assert [update["step"] for update in rigl.updates] == [9, 12, 15]  # the second fit's
+    assert model.train_function is not first  # Keras's own, between fits
+    model.compile("adam", "mse")  # a new loss or optimizer: a new step
+    assert fit() is not first
+
+
 def test_layers_argument_limits_the_update():
     model = _model()
     out_before = model.layers[1].pattern
@@ -74,7 +197,7 @@ def _fit_with_backup(model, backup_dir, epochs, stop_after=None):
             if stop_after is not None and epoch + 1 == stop_after:
                 raise RuntimeError("interrupted")
 
-    callbacks = [DynamicSparsity("rigl", update_every=5, data=(X, Y), batch_size=16, seed=2),
+    callbacks = [DynamicSparsity("rigl", update_every=5, seed=2),
                  keras.callbacks.BackupAndRestore(str(backup_dir)), Interrupt()]
     model.fit(X, Y, batch_size=8, epochs=epochs, verbose=0, shuffle=False,
               callbacks=callbacks)
@@ -95,10 +218,11 @@ def test_backup_and_restore_resumes_bit_identically(tmp_path):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
 
 
-def test_moved_pattern_survives_keras_format_clone_and_saved_model(tmp_path):
+@pytest.mark.parametrize("method", ["rigl", "set"])
+def test_moved_pattern_survives_keras_format_clone_and_saved_model(tmp_path, method):
     model = _model()
     model.fit(X, Y, batch_size=8, epochs=2, verbose=0, callbacks=[
-        DynamicSparsity("set", update_every=4, drop_fraction=0.5, seed=0)])
+        DynamicSparsity(method, update_every=4, drop_fraction=0.5, seed=0)])
     moved = _patterns(model)
     assert moved != _patterns(_model())
     expected = model.predict(X, verbose=0)
@@ -124,18 +248,15 @@ def _message(name, expected, received):
 def test_invalid_arguments_are_all_reported():
     with pytest.raises(ValueError) as error:
         DynamicSparsity("snip", update_every=0, drop_fraction=1.5, decay="step",
-                        end_step=0, batch_size=0, seed=None)
+                        end_step=0, seed=None)
     assert str(error.value).split("\n") == [
         _message("method", "one of ('rigl', 'set')", "'snip'"),
         _message("update_every", "an integer >= 1", "0"),
         _message("drop_fraction", "a float in (0, 1]", "1.5"),
         _message("decay", "one of ('cosine', 'constant', 'linear')", "'step'"),
         _message("end_step", "an integer >= 1 or a float in (0, 1]", "0"),
-        _message("batch_size", "an integer >= 1", "0"),
         _message("seed", "an integer", "None"),
     ]
-    with pytest.raises(ValueError, match='"data", expected \\(x, y\\) training arrays'):
-        DynamicSparsity("rigl")
 
 
 def test_misuse_is_refused_with_a_clear_error():
@@ -147,10 +268,32 @@ def test_misuse_is_refused_with_a_clear_error():
     dense.compile("adam", "mse")
     with pytest.raises(ValueError, match="no SparseDense layer"):
         dense.fit(X, Y, epochs=1, verbose=0, callbacks=[DynamicSparsity("set")])
-    model.compile("adam", "mse", steps_per_execution=2)
-    with pytest.raises(ValueError, match="steps_per_execution=1"):
+    model.compile("adam", "mse", jit_compile=True)
+    with pytest.raises(ValueError, match="jit_compile=False"):
         model.fit(X, Y, batch_size=8, epochs=1, verbose=0,
-                  callbacks=[DynamicSparsity("set", update_every=2)])
+                  callbacks=[DynamicSparsity("rigl", update_every=2)])
+    model.compile("adam", "mse", steps_per_execution=2)
+    with pytest.raises(ValueError, match="update step 3 fell inside one"):
+        model.fit(X, Y, batch_size=8, epochs=1, verbose=0,
+                  callbacks=[DynamicSparsity("set", update_every=3)])
+
+    class ForwardOnly(keras.Sequential):  # a train_step that never differentiates
+        def train_step(self, data):
+            self.optimizer.iterations.assign_add(1)
+            return {"loss": tf.reduce_mean(self(data[0], training=True))}
+
+    forward_only = ForwardOnly(_model().layers)
+    forward_only.compile("adam", "mse")
+    with pytest.raises(RuntimeError, match="did not backpropagate through hidden"):
+        forward_only.fit(X, Y, batch_size=8, epochs=1, verbose=0,
+                         callbacks=[DynamicSparsity("rigl", update_every=2)])
+    inputs = keras.Input((12,))
+    shared = SparseDense(12, density=0.25, seed=0, name="shared")
+    twice = keras.Model(inputs, shared(shared(inputs)))
+    twice.compile("adam", "mse")
+    with pytest.raises(NotImplementedError, match="shared was differentiated 2 times"):
+        twice.fit(X, X, batch_size=8, epochs=1, verbose=0,
+                  callbacks=[DynamicSparsity("rigl", update_every=2)])
 
 
 def test_pipelined_model_is_refused():

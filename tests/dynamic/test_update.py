@@ -11,6 +11,8 @@ from tfsparse.dynamic import layer_gradients
 from tfsparse.dynamic import selection
 from tfsparse.layers import SparseDense
 
+from rigl_reference import reference_update
+
 INPUT_DIM, UNITS, BATCH = 9, 6, 5
 
 
@@ -33,26 +35,6 @@ def _state(model, layer):
     return (optimizer._momentums[index], optimizer._velocities[index])
 
 
-def _reference_update(keys, values, slots, grow_scores, count, total):
-    """RigL/SET by the book, on a dense 0/1 mask, in NumPy."""
-    dense_values = np.zeros(total)
-    dense_values[keys] = values
-    order = np.lexsort((keys, np.abs(values)))  # smallest |w| first, then key
-    kept = np.sort(keys[order[count:]])
-    scores = np.array(grow_scores, float)
-    scores[kept] = -np.inf
-    grown = np.lexsort((np.arange(total), -scores))[:count]
-    new_keys = np.sort(np.concatenate([kept, grown]))
-    was_active = np.isin(new_keys, keys)
-    new_values = np.where(was_active, dense_values[new_keys], 0.0)
-    new_slots = []
-    for slot in slots:
-        dense_slot = np.zeros(total)
-        dense_slot[keys] = slot
-        new_slots.append(np.where(was_active, dense_slot[new_keys], 0.0))
-    return new_keys, new_values, new_slots
-
-
 def _layer_keys(layer):
     return selection.keys_of(layer.pattern.rows, layer.pattern.cols, layer.input_dim)
 
@@ -68,7 +50,7 @@ def test_one_rigl_update_matches_numpy(block_elements):
     dz = 2 * (x @ dense + layer.bias.numpy() - y) / (BATCH * UNITS)
     gradient = x.T.astype(np.float64) @ dz  # [input_dim, units]
     count = int(0.4 * layer.nnz)
-    expected = _reference_update(keys, values, slots, np.abs(gradient.T.ravel()), count,
+    expected = reference_update(keys, values, slots, np.abs(gradient.T.ravel()), count,
                                  INPUT_DIM * UNITS)
 
     (inputs, output_gradients), = layer_gradients(model, [layer], x, y)
@@ -96,7 +78,7 @@ def test_one_set_update_matches_numpy():
     kept = np.sort(keys[np.lexsort((keys, np.abs(values)))[count:]])
     drawn = selection.random_free_keys(np.random.default_rng(3), total, count, kept)
     scores = np.isin(np.arange(total), drawn).astype(float)
-    expected = _reference_update(keys, values, slots, scores, count, total)
+    expected = reference_update(keys, values, slots, scores, count, total)
 
     rng = np.random.default_rng(3)
     drop_and_grow(layer, 0.3, lambda taken, n: selection.random_free_keys(rng, total, n, taken),

@@ -13,9 +13,11 @@ from tfsparse.dynamic.gradient import largest_gradient_keys
 from tfsparse.dynamic.gradient import layer_gradients
 from tfsparse.dynamic.schedule import drop_fraction_at
 from tfsparse.dynamic.schedule import erk_densities
+from tfsparse.dynamic.step_gradients import StepGradients
 from tfsparse.dynamic.update import drop_and_grow
 
 __all__ = [
+    "StepGradients",
     "drop_and_grow",
     "drop_fraction_at",
     "erk_densities",

@@ -21,6 +21,8 @@ def layer_gradients(model, layers, x, y, loss=None):
 
     One eager forward and backward pass of ``model`` on ``(x, y)`` in
     training mode; ``loss`` defaults to the model's compiled loss (one output).
+    For updates outside ``fit`` (a custom loop): ``callbacks.DynamicSparsity``
+    takes the training step's own (``StepGradients``) and needs no extra pass.
 
     Returns:
       A list of ``(inputs [batch, input_dim], d loss / d z [batch, units])``.
@@ -36,6 +38,7 @@ def layer_gradients(model, layers, x, y, loss=None):
                     "more than once in the model (a shared layer).")
             tape.watch(outputs)
             records[id(layer)] = (inputs, outputs)
+            return outputs
 
         for layer in layers:
             layer._gradient_probe = probe
@@ -99,7 +102,7 @@ def largest_gradient_keys(inputs, output_gradients, taken, count, block_elements
             block = average(block, start)
         scores = np.abs(block.numpy()).ravel()
         del block
-        if not np.all(np.isfinite(scores)):
+        if not np.isfinite(scores.max()):  # the max is NaN or Inf if any score is
             raise ValueError("RigL's grow gradient has non-finite values (NaN or Inf).")
         first = start * input_dim
         lo, hi = np.searchsorted(taken, [first, stop * input_dim])

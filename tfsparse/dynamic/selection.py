@@ -28,10 +28,12 @@ def kept_after_drop(values, n_drop):
       [0, 3]
     """
     magnitudes = np.abs(np.asarray(values))
-    if not np.all(np.isfinite(magnitudes)):
+    if magnitudes.size and not np.isfinite(magnitudes.max()):  # max is NaN if any is
         raise ValueError("Cannot drop weights by magnitude: the layer has non-finite values.")
-    order = np.argsort(magnitudes, kind="stable")  # by magnitude, then key
-    return np.sort(order[int(n_drop):])
+    # The largest magnitudes stay; among equal ones the larger key stays
+    # (top_k prefers smaller keys: negate them). Linear time, no full sort.
+    kept = top_k(magnitudes, magnitudes.size - int(n_drop), keys=-np.arange(magnitudes.size))
+    return np.sort(kept)
 
 
 def top_k(scores, k, keys=None):
@@ -155,4 +157,4 @@ def new_order(old_keys, new_keys):
       [0, -1, 2]
     """
     at = np.minimum(np.searchsorted(old_keys, new_keys), old_keys.size - 1)
-    return np.where(_contains(old_keys, new_keys), at, -1)
+    return np.where(old_keys[at] == new_keys, at, -1)

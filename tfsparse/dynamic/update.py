@@ -43,10 +43,11 @@ def drop_and_grow(layer, fraction, grow, optimizer=None, agree=None):
       >>> layer.nnz, moved <= 4
       (16, True)
     """
-    pattern = layer.pattern
-    input_dim = pattern.shape[0]
-    old_keys = selection.keys_of(pattern.rows, pattern.cols, input_dim)
-    count = int(np.floor(fraction * pattern.nnz))  # as RigL: n_prune = floor
+    input_dim, nnz = layer.input_dim, layer.nnz
+    # The layer's own sorted pattern: read as is (layer.pattern would check it again).
+    old_keys = selection.keys_of(layer.pattern_rows.numpy(), layer.pattern_cols.numpy(),
+                                 input_dim)
+    count = int(np.floor(fraction * nnz))  # as RigL: n_prune = floor
     if count == 0:
         return 0
     values = layer.values.numpy()
@@ -54,7 +55,7 @@ def drop_and_grow(layer, fraction, grow, optimizer=None, agree=None):
     new_keys = np.sort(np.concatenate([kept, np.asarray(grow(kept, count), np.int64)]))
     if agree is not None:
         new_keys = np.asarray(agree(new_keys), np.int64)
-    if new_keys.size != pattern.nnz or np.any(np.diff(new_keys) <= 0):
+    if new_keys.size != nnz or np.any(np.diff(new_keys) <= 0):
         raise RuntimeError("A pattern update must keep nnz distinct positions.")
     source = selection.new_order(old_keys, new_keys)
 
@@ -63,7 +64,7 @@ def drop_and_grow(layer, fraction, grow, optimizer=None, agree=None):
 
     states = _optimizer_state.position_state(optimizer, layer.values)
     layer.set_pattern(
-        SparsityPattern(new_keys % input_dim, new_keys // input_dim, pattern.shape),
+        SparsityPattern(new_keys % input_dim, new_keys // input_dim, (input_dim, layer.units)),
         moved(values),
     )
     for state in states:

@@ -128,9 +128,10 @@ class SparseDense(keras.layers.Layer, tfmot.sparsity.keras.PrunableLayer):
         self.kernel_constraint = keras.constraints.get(kernel_constraint)
         self.bias_constraint = keras.constraints.get(bias_constraint)
         self.supports_masking = True
-        # Set by tfsparse.dynamic for one eager forward pass: it records the
-        # inputs and watches the pre-activation outputs (the dense gradient of
-        # the kernel is inputs^T @ d loss / d outputs).
+        # Set by tfsparse.dynamic (RigL): ``probe(layer, inputs, outputs)``
+        # returns the pre-activation outputs, after recording the inputs and
+        # watching the outputs (the dense gradient of the kernel is
+        # inputs^T @ d loss / d outputs).
         self._gradient_probe = None
 
     def _check_pattern(self, pattern):
@@ -323,8 +324,8 @@ class SparseDense(keras.layers.Layer, tfmot.sparsity.keras.PrunableLayer):
         outputs = sparse_matmul(
             inputs, self.values, pattern, bias=self.bias if self.use_bias else None,
         )
-        if self._gradient_probe is not None:  # tfsparse.dynamic's RigL, eager only
-            self._gradient_probe(self, inputs, outputs)
+        if self._gradient_probe is not None:  # tfsparse.dynamic's RigL gradient
+            outputs = self._gradient_probe(self, inputs, outputs)
         if leading is not None:
             outputs = tf.reshape(outputs, tf.concat([leading, [self.units]], axis=0))
         if self.activation is not None:

@@ -45,8 +45,7 @@ def run(method, compressor):
     model.compile(optimizer, keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     x, y = rank_data(hvd.rank(), n=256)
     initial = [layer.pattern for layer in model.layers]
-    callback = DynamicSparsity(method, update_every=4, drop_fraction=0.5, end_step=0.9,
-                               data=(x, y), batch_size=64, seed=3)
+    callback = DynamicSparsity(method, update_every=4, drop_fraction=0.5, end_step=0.9, seed=3)
     model.fit(x, y, epochs=3, batch_size=32, shuffle=False, verbose=0,
               callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), callback])
     arrays = {}
