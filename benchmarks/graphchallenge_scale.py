@@ -143,6 +143,7 @@ def run_case(neurons, layers, counts, args):
             "categories": int(ours_categories.size), "agree": bool(agree), "checked": scope,
             "result_line": gc.result_line(neurons, layers, edges, inputs, infer, peak),
             "isa": kernels.isa() if kernels.available() else "TF fallback",
+            "load_average_1min": os.getloadavg()[0],  # the machine is shared: other load
         }), flush=True)
 
 
@@ -231,8 +232,10 @@ def main(argv=None):
     start = time.perf_counter()
     rows, skipped = run_all(args)
     isa = sorted({row["isa"] for row in rows})
+    loads = [row["load_average_1min"] for row in rows]
     print(f"\nCPU: {cpu_model()}; kernel variant: {', '.join(isa)}; "
-          f"{time.perf_counter() - start:.0f} s in all")
+          f"{time.perf_counter() - start:.0f} s in all; 1-minute load average "
+          f"{min(loads, default=0):.1f}-{max(loads, default=0):.1f} on {os.cpu_count()} CPUs")
     print(f"command: python benchmarks/graphchallenge_scale.py {' '.join(sys.argv[1:])}".rstrip())
     print(table(rows))
     for line in skipped:

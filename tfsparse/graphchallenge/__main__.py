@@ -69,7 +69,7 @@ def _check_args(args):
     """Checks the numbers with the project's validation helpers; fills the default bias."""
     for name in ("neurons", "layers", "inputs", "batch_size", "repeats", "threads"):
         value = getattr(args, name)
-        if value is not None or name in ("neurons", "layers", "repeats"):
+        if value is not None:  # None: the option's automatic default
             check_positive_int("--" + name.replace("_", "-"), value)
     if args.bias is None:
         args.bias = gc.default_bias(args.neurons)
