@@ -129,7 +129,9 @@ def run_case(neurons, layers, counts, args):
         ours_categories = gc.categories(ours)
         expected = _expected_categories(reference, inputs)
         if expected is None:  # the reference saw only the first `checked` inputs
-            agree = np.array_equal(ours_categories[ours_categories < checked], reference[2][reference[2] < checked])
+            theirs = reference[2]
+            agree = np.array_equal(ours_categories[ours_categories < checked],
+                                   theirs[theirs < checked])
             scope = f"first {checked:,}"
         else:
             agree, scope = np.array_equal(ours_categories, expected), "all"

@@ -106,8 +106,9 @@ def test_tiled_inputs_split_and_result_line(capsys):
         1024, 3, 3 * 32 * 1024, 5003)
     # Rate = inputs * edges / seconds: printed to 5 significant digits (5e-5 relative), from
     # seconds printed to 4 decimals (5e-5 absolute).
-    np.testing.assert_allclose(result["edges_per_second"],
-                               5003 * 3 * 32 * 1024 / result["seconds"], rtol=5e-5 / result["seconds"] + 1e-4)
+    rate = 5003 * 3 * 32 * 1024 / result["seconds"]
+    np.testing.assert_allclose(result["edges_per_second"], rate,
+                               rtol=5e-5 / result["seconds"] + 1e-4)
     distinct = categories(inference_scipy(mnist_features(1024), radixnet(1024, 3), -0.3))
     expected = len(distinct) + int(np.sum(distinct < 3))
     assert f"categories: {expected:,} of 5,003 inputs" in out
