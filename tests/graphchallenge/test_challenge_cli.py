@@ -11,6 +11,7 @@ from tfsparse.graphchallenge import __main__ as cli
 from tfsparse.graphchallenge import categories
 from tfsparse.graphchallenge import inference_scipy
 from tfsparse.graphchallenge import mnist_features
+from tfsparse.graphchallenge import parse_result_line
 from tfsparse.graphchallenge import radixnet
 from tfsparse.graphchallenge import write_categories
 from tfsparse.graphchallenge import write_features
@@ -29,7 +30,7 @@ def test_command_runs_generated_network():
     assert "inputs: 100 (shipped MNIST sample, resized to 32x32 and binarised), bias -0.3" in out
     # The categories the command reports are those of the SciPy reference.
     expected = categories(inference_scipy(mnist_features(1024, num_inputs=100), radixnet(1024, 4), -0.3))
-    assert f"categories: {len(expected)} of 100 inputs; tfsparse == scipy: yes" in out
+    assert f"categories: {len(expected)} of 100 inputs\ntfsparse == scipy: yes" in out
     assert len(RATE.findall(out)) == 2 and float(RATE.findall(out)[0][1]) > 0
     assert re.search(r"^ratio tfsparse / scipy: [0-9.]+x$", out, re.M)
 
@@ -75,12 +76,62 @@ def test_inputs_limit_filters_truth(challenge_dir, capsys):
     assert f"truth: {np.sum(truth < 30)} categories; tfsparse == truth: yes" in out
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--neurons", "64", "--layers", "2"], "expected one of the challenge's sizes"),
-    (["--layers", "0"], "--layers must be a positive integer, got 0"),
+def test_inputs_beyond_the_file_are_an_error(challenge_dir):
+    directory, _ = challenge_dir
+    with pytest.raises(SystemExit, match=re.escape(
+            'Received an invalid value for "--inputs", expected at most the 60 inputs of '
+            f"{directory / 'sparse-images-64.tsv'}. Received: --inputs=61")):
+        cli.main(["--data", str(directory), "--neurons", "64", "--layers", "3", "--bias", "-0.3",
+                  "--no-progress", "--inputs", "61"])
+
+
+def test_tiled_inputs_split_and_result_line(capsys):
+    # 5,003 inputs: the sample's 5,000 digits, then digits 0-2 again (their categories repeat).
+    status = cli.main(["--layers", "3", "--inputs", "5003", "--repeats", "1", "--no-progress",
+                       "--no-reference"])
+    out = capsys.readouterr().out
+    assert status == 0, out
+    assert ("inputs: 5,003 (shipped MNIST sample, resized to 32x32 and binarised, its 5,000 "
+            "digits repeated in order), bias -0.3") in out
+    assert re.search(r"^time: load [0-9.]+ s, convert [0-9.]+ s \(tfsparse tensors and tracing\), "
+                     r"infer [0-9.]+ s \(median of 1\)$", out, re.M)
+    assert re.search(r"^peak memory: [0-9,]+ MiB \(process peak RSS, ru_maxrss", out, re.M)
+    assert "truth: no categories file\n" in out and "scipy" not in out
+    lines = [line for line in out.splitlines() if line.startswith("RESULT ")]
+    assert len(lines) == 1 and lines[0] == out.rstrip().splitlines()[-1]
+    result = parse_result_line(lines[0])
+    assert list(result) == ["neurons", "layers", "edges", "inputs", "seconds", "edges_per_second",
+                            "peak_rss_mib"]
+    assert (result["neurons"], result["layers"], result["edges"], result["inputs"]) == (
+        1024, 3, 3 * 32 * 1024, 5003)
+    # Rate = inputs * edges / seconds: printed to 5 significant digits (5e-5 relative), from
+    # seconds printed to 4 decimals (5e-5 absolute).
+    rate = 5003 * 3 * 32 * 1024 / result["seconds"]
+    np.testing.assert_allclose(result["edges_per_second"], rate,
+                               rtol=5e-5 / result["seconds"] + 1e-4)
+    distinct = categories(inference_scipy(mnist_features(1024), radixnet(1024, 3), -0.3))
+    expected = len(distinct) + int(np.sum(distinct < 3))
+    assert f"categories: {expected:,} of 5,003 inputs" in out
+
+
+@pytest.mark.parametrize("argv, name, received", [
+    (["--layers", "0"], "--layers", "0"),
+    (["--neurons", "-1024"], "--neurons", "-1024"),
+    (["--inputs", "0"], "--inputs", "0"),
+    (["--batch-size", "0"], "--batch-size", "0"),
+    (["--repeats", "-2"], "--repeats", "-2"),
+    (["--threads", "0"], "--threads", "0"),
 ])
-def test_bad_arguments(argv, message, capsys):
+def test_bad_counts_name_the_argument(argv, name, received, capsys):
     with pytest.raises(SystemExit) as exit_info:
         cli.main(argv)
     assert exit_info.value.code == 2
-    assert message in capsys.readouterr().err
+    assert (f'Received an invalid value for "{name}", expected a positive integer. '
+            f"Received: {name}={received}") in capsys.readouterr().err
+
+
+def test_size_without_a_challenge_bias(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["--neurons", "64", "--layers", "2"])
+    assert exit_info.value.code == 2
+    assert "expected one of the challenge's sizes" in capsys.readouterr().err

@@ -11,6 +11,7 @@ from tfsparse.graphchallenge import count_edges
 from tfsparse.graphchallenge import default_bias
 from tfsparse.graphchallenge import inference
 from tfsparse.graphchallenge import inference_scipy
+from tfsparse.graphchallenge import mnist_features
 from tfsparse.graphchallenge import prepare_network
 from tfsparse.graphchallenge import radixnet
 
@@ -103,8 +104,6 @@ def test_rows_that_die_are_dropped_and_restored_in_place():
 
 
 def test_generated_challenge_network_agrees_with_scipy():
-    from tfsparse.graphchallenge import mnist_features
-
     weights = radixnet(1024, 8)
     features = mnist_features(1024, num_inputs=300)
     ours = inference(features, weights, default_bias(1024), progress=False)
@@ -155,3 +154,23 @@ def test_invalid_batch_size():
             'Received an invalid value for "batch_size", expected a positive integer or None. '
             "Received: batch_size=0")):
         inference(features, weights, -0.3, batch_size=0)
+
+
+@pytest.mark.parametrize("bias, survivors", [
+    (-0.3, "some"),
+    (-100.0, "none"),  # every row dies in the first layer
+    (0.5, "all"),  # weights and bias positive: no row with an input dies
+])
+@pytest.mark.parametrize("batch_size", [16, None])
+def test_dropping_rows_on_generated_networks_is_exact(bias, survivors, batch_size):
+    # 300 inputs in batches of 16 thin out, are parked and merged across batches.
+    weights = radixnet(64, 6, seed=3, connections=8, weight=0.25)
+    features = mnist_features(64, num_inputs=300)
+    ours = inference(features, weights, bias, batch_size=batch_size, progress=False)
+    reference = inference_scipy(features, weights, bias)
+    found = categories(ours)
+    np.testing.assert_array_equal(found, categories(reference))
+    expected_count = {"none": 0, "all": 300}.get(survivors)
+    assert len(found) == expected_count if expected_count is not None else 0 < len(found) < 300
+    # Sums of 8 products of 0.25 and values up to 32: float32 rounding only (see ATOL).
+    np.testing.assert_allclose(ours.toarray(), reference.toarray(), rtol=1e-6, atol=ATOL)

@@ -3,7 +3,8 @@
 ``python -m tfsparse.graphchallenge --neurons 1024 --layers 120`` generates a
 network and MNIST-derived inputs (or reads the official files with
 ``--data DIR``), runs tfsparse and a SciPy CSR baseline, checks the
-categories and prints edges per second.
+categories and prints edges per second and a one-line ``RESULT`` in the
+challenge's fields.
 
 Example:
   >>> from tfsparse.graphchallenge import count_edges, radixnet
@@ -23,6 +24,9 @@ from tfsparse.graphchallenge.sparse_inference import inference
 from tfsparse.graphchallenge.sparse_inference import inference_scipy
 from tfsparse.graphchallenge.sparse_inference import prepare_network
 from tfsparse.graphchallenge.sparse_inference import PreparedNetwork
+from tfsparse.graphchallenge.report import parse_result_line
+from tfsparse.graphchallenge.report import peak_rss_bytes
+from tfsparse.graphchallenge.report import result_line
 from tfsparse.graphchallenge.tsv import load_categories
 from tfsparse.graphchallenge.tsv import load_features
 from tfsparse.graphchallenge.tsv import load_network
@@ -41,9 +45,12 @@ __all__ = [
     "load_features",
     "load_network",
     "mnist_features",
+    "parse_result_line",
+    "peak_rss_bytes",
     "prepare_network",
     "radixnet",
     "radixnet_strides",
+    "result_line",
     "shift_sum_matrix",
     "write_categories",
     "write_features",

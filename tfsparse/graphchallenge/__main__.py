@@ -4,12 +4,14 @@ Generates a RadiX-Net-style network and MNIST-derived inputs (or reads the
 official files with ``--data DIR``), runs the challenge's inference with
 tfsparse and with a SciPy CSR baseline in the same process, checks that both
 give the same categories (and the truth file's, when ``--data`` has one) and
-prints the rate of each in edges per second (inputs * edges / seconds, median
-of ``--repeats`` runs) and their ratio. Exits with status 1 when categories
-disagree.
+prints the time of each phase (load, convert, infer), the rate of each
+implementation in edges per second (inputs * edges / seconds, median of
+``--repeats`` runs), their ratio, and one ``RESULT`` line in the challenge's
+fields (neurons, layers, edges, inputs, seconds, edges/s, peak memory).
+Exits with status 1 when categories disagree.
 
 Example:
-    python -m tfsparse.graphchallenge --neurons 1024 --layers 120
+    python -m tfsparse.graphchallenge --neurons 1024 --layers 120 --inputs 60000
 """
 
 import argparse
@@ -22,6 +24,14 @@ import numpy as np
 import tensorflow as tf
 
 from tfsparse import graphchallenge as gc
+from tfsparse._validation import check_positive_int
+
+_INPUTS_HELP = (
+    "number of inputs; the challenge uses 60000. Generated inputs are the 5,000 MNIST "
+    "digits shipped with tfsparse, resized and binarised, repeated in order beyond 5,000 "
+    "(input i is digit i mod 5000: 60000 = the sample tiled 12 times); with --data, the "
+    "first N inputs of the images file. Default: 5000 generated, or all of the file"
+)
 
 
 def parse_args(argv):
@@ -34,8 +44,7 @@ def parse_args(argv):
     parser.add_argument("--data", type=pathlib.Path, default=None,
                         help="directory of the official TSV files (network, and images and "
                              "categories when present); default: generate")
-    parser.add_argument("--inputs", type=int, default=None,
-                        help="use only the first N inputs (default: all)")
+    parser.add_argument("--inputs", type=int, default=None, help=_INPUTS_HELP)
     parser.add_argument("--seed", type=int, default=0, help="seed of the generated network")
     parser.add_argument("--bias", type=float, default=None,
                         help="bias (default: the challenge's value for --neurons)")
@@ -45,22 +54,29 @@ def parse_args(argv):
                         help="timed runs of each implementation; the median is reported")
     parser.add_argument("--threads", type=int, default=None,
                         help="TensorFlow intra-op threads (default: TensorFlow's choice)")
+    parser.add_argument("--no-reference", action="store_true",
+                        help="skip the SciPy baseline (check against the truth file only)")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bars")
     args = parser.parse_args(argv)
-    for name in ("neurons", "layers", "inputs", "batch_size", "repeats", "threads"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            parser.error(f"--{name.replace('_', '-')} must be a positive integer, got {value}")
-    if args.bias is None:
-        try:
-            args.bias = gc.default_bias(args.neurons)
-        except ValueError as error:
-            parser.error(str(error))
+    try:
+        _check_args(args)
+    except ValueError as error:
+        parser.error(str(error))
     return args
 
 
+def _check_args(args):
+    """Checks the numbers with the project's validation helpers; fills the default bias."""
+    for name in ("neurons", "layers", "inputs", "batch_size", "repeats", "threads"):
+        value = getattr(args, name)
+        if value is not None:  # None: the option's automatic default
+            check_positive_int("--" + name.replace("_", "-"), value)
+    if args.bias is None:
+        args.bias = gc.default_bias(args.neurons)
+
+
 def load_problem(args):
-    """Returns (weights, features, truth or None, descriptions)."""
+    """Returns (weights, features, truth or None, network and inputs descriptions)."""
     neurons, layers = args.neurons, args.layers
     if args.data is None:
         weights = gc.radixnet(neurons, layers, seed=args.seed)
@@ -73,11 +89,16 @@ def load_problem(args):
         features = gc.load_features(images, neurons)
         source = f"{images}"
         if args.inputs is not None:
+            if args.inputs > features.shape[0]:
+                sys.exit(f'Received an invalid value for "--inputs", expected at most the '
+                         f"{features.shape[0]} inputs of {images}. Received: --inputs={args.inputs}")
             features = features[:args.inputs]
     else:
-        features = gc.mnist_features(neurons, num_inputs=args.inputs)
+        features = gc.mnist_features(neurons, num_inputs=args.inputs or 5000)
         side = int(round(neurons ** 0.5))
         source = f"shipped MNIST sample, resized to {side}x{side} and binarised"
+        if features.shape[0] > 5000:
+            source += ", its 5,000 digits repeated in order"
     truth_path = _existing(args.data, f"neuron{neurons}-l{layers}-categories.tsv")
     truth = None
     if truth_path is not None:
@@ -113,47 +134,61 @@ def main(argv=None):
             tf.config.threading.set_inter_op_parallelism_threads(args.threads)
         except RuntimeError as error:  # TensorFlow already started in this process
             sys.exit(f"--threads cannot be applied: {error}")
-    weights, features, truth, network, source = load_problem(args)
+    start = time.perf_counter()
+    weights, features, truth, network_source, inputs_source = load_problem(args)
+    load_seconds = time.perf_counter() - start
     inputs, edges = features.shape[0], gc.count_edges(weights)
-    print(f"network: {args.neurons} neurons x {args.layers} layers, {edges:,} edges, {network}")
-    print(f"inputs: {inputs:,} ({source}), bias {args.bias}")
+    print(f"network: {args.neurons} neurons x {args.layers} layers, {edges:,} edges, {network_source}")
+    print(f"inputs: {inputs:,} ({inputs_source}), bias {args.bias}")
 
-    progress = not args.no_progress
     # Conversion to tfsparse's tensors and the tracing of the layer function
     # happen once, outside the timed runs (SciPy uses the matrices as they are).
     start = time.perf_counter()
     network = gc.prepare_network(weights)
     gc.inference(features[:1], network, args.bias, progress=False)
-    print(f"tfsparse set-up (conversion and tracing, not timed): {time.perf_counter() - start:.2f} s")
+    convert_seconds = time.perf_counter() - start
     ours, ours_seconds = timed(
-        lambda: gc.inference(
-            features, network, args.bias, batch_size=args.batch_size, progress=progress),
+        lambda: gc.inference(features, network, args.bias, batch_size=args.batch_size,
+                             progress=not args.no_progress),
         args.repeats,
     )
-    reference, reference_seconds = timed(
-        lambda: gc.inference_scipy(features, weights, args.bias, progress=progress),
-        args.repeats,
-    )
-
+    peak = gc.peak_rss_bytes()  # before the SciPy baseline allocates anything
+    print(f"time: load {load_seconds:.2f} s, convert {convert_seconds:.2f} s (tfsparse tensors "
+          f"and tracing), infer {ours_seconds:.3f} s (median of {args.repeats})")
+    print(f"peak memory: {peak / 2**20:,.0f} MiB (process peak RSS, ru_maxrss, through the "
+          "tfsparse inference)")
     ours_categories = gc.categories(ours)
-    reference_categories = gc.categories(reference)
-    agree = np.array_equal(ours_categories, reference_categories)
-    print(f"categories: {len(ours_categories):,} of {inputs:,} inputs; "
-          f"tfsparse == scipy: {'yes' if agree else 'NO'}")
-    ok = agree
+    ok = _check_categories(args, features, weights, ours_categories, ours_seconds, truth)
+    print(gc.result_line(args.neurons, args.layers, edges, inputs, ours_seconds, peak))
+    return 0 if ok else 1
+
+
+def _check_categories(args, features, weights, ours_categories, ours_seconds, truth):
+    """Prints the comparisons with the SciPy baseline and the truth; True if all agree."""
+    inputs, edges = features.shape[0], gc.count_edges(weights)
+    ok = True
+    print(f"categories: {len(ours_categories):,} of {inputs:,} inputs")
+    if not args.no_reference:
+        reference, reference_seconds = timed(
+            lambda: gc.inference_scipy(features, weights, args.bias, progress=not args.no_progress),
+            args.repeats,
+        )
+        ok = np.array_equal(ours_categories, gc.categories(reference))
+        print(f"tfsparse == scipy: {'yes' if ok else 'NO'}")
+        ours_rate = inputs * edges / ours_seconds
+        reference_rate = inputs * edges / reference_seconds
+        print(f"tfsparse: {ours_seconds:.3f} s, {ours_rate:.4g} edges/s (median of {args.repeats})")
+        print(f"scipy   : {reference_seconds:.3f} s, {reference_rate:.4g} edges/s "
+              f"(median of {args.repeats})")
+        print(f"ratio tfsparse / scipy: {ours_rate / reference_rate:.2f}x")
     if truth is not None:
         matches_truth = np.array_equal(ours_categories, truth)
         ok = ok and matches_truth
         print(f"truth: {len(truth):,} categories; tfsparse == truth: {'yes' if matches_truth else 'NO'}")
     else:
-        print("truth: no categories file (checked against the SciPy baseline only)")
-
-    ours_rate = inputs * edges / ours_seconds
-    reference_rate = inputs * edges / reference_seconds
-    print(f"tfsparse: {ours_seconds:.3f} s, {ours_rate:.4g} edges/s (median of {args.repeats})")
-    print(f"scipy   : {reference_seconds:.3f} s, {reference_rate:.4g} edges/s (median of {args.repeats})")
-    print(f"ratio tfsparse / scipy: {ours_rate / reference_rate:.2f}x")
-    return 0 if ok else 1
+        print("truth: no categories file"
+              + ("" if args.no_reference else " (checked against the SciPy baseline only)"))
+    return ok
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ all layers.
 """
 
 import functools
-import math
 import types
 from typing import NamedTuple
 
@@ -23,6 +22,7 @@ import tensorflow as tf
 import tqdm
 
 from tfsparse._validation import invalid_value
+from tfsparse.graphchallenge._active_rows import run_active_rows
 from tfsparse.ops import SparsityPattern
 from tfsparse.ops import sparse_matmul
 
@@ -97,9 +97,12 @@ def inference(features, weights, bias, batch_size=None, progress=True):
     """Runs the challenge's inference with tfsparse's sparse kernels.
 
     The inputs are processed in batches of dense rows; each layer is one
-    ``tfsparse.ops.sparse_matmul`` (TensorFlow's CSR product) followed by the
-    bias-on-nonzeros, ReLU and clip, inside one ``tf.function``. Rows that
-    become all zero are dropped from the batch (they stay zero).
+    ``tfsparse.ops.sparse_matmul`` (tfsparse's SpMM kernel on CPU) followed by
+    the bias-on-nonzeros, ReLU and clip, inside one ``tf.function``. A row
+    that becomes all zero is dropped in that layer (it stays zero), and the
+    survivors of different batches are merged into full batches again (see
+    ``tfsparse/graphchallenge/_active_rows.py``); the result is the same as
+    running every row through every layer.
 
     Args:
         features: the inputs ``Y_0``, a ``scipy.sparse`` matrix or array of
@@ -110,7 +113,8 @@ def inference(features, weights, bias, batch_size=None, progress=True):
         bias: the scalar bias (``default_bias(neurons)`` for the challenge).
         batch_size: inputs per batch; ``None`` picks about 2^24 activations
             per batch (16384 rows for 1024 neurons).
-        progress: show a tqdm progress bar over the layers of all batches.
+        progress: show a tqdm progress bar counting input-layers (a row that
+            dies counts for all its remaining layers).
 
     Returns:
         The final activations, a float32 ``scipy.sparse.csr_matrix`` of shape
@@ -128,49 +132,15 @@ def inference(features, weights, bias, batch_size=None, progress=True):
         weights = prepare_network(weights)
     features, neurons, bias = _check_arguments(features, weights, bias)
     batch_size = _check_batch_size(batch_size, neurons)
-    layers = weights.layers
-    step = _layer_step(neurons, bias)
-    inputs = features.shape[0]
-    outputs = []
     with tqdm.tqdm(
-        total=len(layers) * math.ceil(inputs / batch_size),
+        total=features.shape[0] * len(weights.layers),
         desc="tfsparse inference",
-        unit="layer",
+        unit=" input-layers",
+        unit_scale=True,
         disable=not progress,
     ) as bar:
-        for start in range(0, inputs, batch_size):
-            batch = features[start:start + batch_size]
-            outputs.append(_run_batch(batch, layers, step, bar))
-    if not outputs:
-        return scipy.sparse.csr_matrix((0, neurons), dtype=np.float32)
-    return scipy.sparse.vstack(outputs, format="csr")
-
-
-def _run_batch(batch, layers, step, bar):
-    """Runs one batch through all layers, dropping rows once they are all zero.
-
-    A zero row stays zero (``Z = 0`` gets no bias), so computing it further is
-    wasted work; the serial reference skips it too, as its ``Y`` is sparse.
-    """
-    y = tf.constant(batch.toarray())
-    alive_rows = np.arange(batch.shape[0])
-    for done, layer in enumerate(layers, start=1):
-        y, alive = step(y, *layer)
-        bar.update(1)
-        alive = alive.numpy()
-        if not alive.all():
-            alive_rows = alive_rows[alive]
-            y = tf.boolean_mask(y, alive)
-            if alive_rows.size == 0:
-                bar.update(len(layers) - done)
-                break
-    survivors = scipy.sparse.csr_matrix(y.numpy())
-    counts = np.zeros(batch.shape[0], np.int64)
-    counts[alive_rows] = np.diff(survivors.indptr)
-    indptr = np.concatenate([[0], np.cumsum(counts)])
-    return scipy.sparse.csr_matrix(
-        (survivors.data, survivors.indices, indptr), shape=batch.shape, dtype=np.float32
-    )
+        return run_active_rows(features, weights.layers, _layer_step(neurons, bias),
+                               batch_size, bar)
 
 
 def inference_scipy(features, weights, bias, progress=False):
@@ -220,6 +190,7 @@ def _layer_step(neurons, bias):
 
     Cached, so repeated ``inference`` calls of one size reuse the trace.
     """
+    bias_is_not_positive = bias <= 0
     bias = tf.constant(bias, tf.float32)
     index = tf.TensorSpec([None], tf.int32)
 
@@ -232,7 +203,11 @@ def _layer_step(neurons, bias):
             rows=rows, cols=cols, row_major_order=row_major_order, shape=(neurons, neurons)
         )
         z = sparse_matmul(y, values, pattern)
-        y = tf.where(tf.not_equal(z, 0.0), tf.clip_by_value(z + bias, 0.0, CLIP), 0.0)
+        if bias_is_not_positive:
+            # Where Z == 0, Z + b = b <= 0 clips to 0 anyway: the mask is a no-op.
+            y = tf.clip_by_value(z + bias, 0.0, CLIP)
+        else:
+            y = tf.where(tf.not_equal(z, 0.0), tf.clip_by_value(z + bias, 0.0, CLIP), 0.0)
         return y, tf.reduce_any(tf.not_equal(y, 0.0), axis=1)
 
     return step

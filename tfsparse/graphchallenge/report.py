@@ -1,0 +1,83 @@
+"""The challenge's one-line result, and the peak memory reported with it.
+
+The Sparse DNN Graph Challenge reports each run as neurons per layer, layers,
+edges (the nonzeros of all layers, ``32 * N * L`` for its networks), the
+inference time in seconds and the rate ``inputs * edges / seconds`` in edges
+per second (Kepner et al., HPEC 2019). ``result_line`` writes those fields
+in that order, with the number of inputs (60,000 in the challenge) and the
+peak memory, as ``key=value`` pairs on one line a script can parse.
+"""
+
+import resource
+import sys
+
+from tfsparse._validation import check_positive_int
+from tfsparse._validation import invalid_value
+
+_FIELDS = ("neurons", "layers", "edges", "inputs", "seconds", "edges_per_second", "peak_rss_mib")
+
+
+def peak_rss_bytes():
+    """Returns the peak resident memory of this process so far, in bytes.
+
+    The kernel's high-water mark (``resource.getrusage(...).ru_maxrss``): it
+    counts everything the process touched (TensorFlow's buffers, NumPy and
+    SciPy arrays), which ``tracemalloc`` would not see, and never decreases.
+
+    Example:
+        >>> peak_rss_bytes() > 0
+        True
+    """
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024  # kilobytes on Linux
+
+
+def result_line(neurons, layers, edges, inputs, seconds, peak_rss=None):
+    """Returns the one-line result of a run in the challenge's fields.
+
+    Args:
+        neurons: neurons per layer.
+        layers: number of layers.
+        edges: nonzeros of all layers.
+        inputs: number of inputs inferred.
+        seconds: inference time.
+        peak_rss: peak resident memory in bytes, or None to leave it out.
+
+    Returns:
+        ``"RESULT neurons=... layers=... edges=... inputs=... seconds=...
+        edges_per_second=... [peak_rss_mib=...]"``; the rate is
+        ``inputs * edges / seconds``.
+
+    Example:
+        >>> result_line(1024, 120, 3932160, 60000, 2.0)
+        'RESULT neurons=1024 layers=120 edges=3932160 inputs=60000 seconds=2.0000 edges_per_second=1.1796e+11'
+    """
+    for name, value in (("neurons", neurons), ("layers", layers), ("edges", edges),
+                        ("inputs", inputs)):
+        check_positive_int(name, value)
+    if not seconds > 0:
+        raise invalid_value("seconds", "a positive number", seconds)
+    fields = [f"neurons={neurons}", f"layers={layers}", f"edges={edges}", f"inputs={inputs}",
+              f"seconds={seconds:.4f}", f"edges_per_second={inputs * edges / seconds:.4e}"]
+    if peak_rss is not None:
+        fields.append(f"peak_rss_mib={peak_rss / 2**20:.0f}")
+    return "RESULT " + " ".join(fields)
+
+
+def parse_result_line(line):
+    """Returns the fields of a ``result_line`` as a dict of numbers.
+
+    Example:
+        >>> parse_result_line("RESULT neurons=1024 layers=2 edges=65536 inputs=10 "
+        ...                   "seconds=0.5000 edges_per_second=1.3107e+06")["edges"]
+        65536
+    """
+    words = line.split()
+    if not words or words[0] != "RESULT":
+        raise invalid_value("line", "a line starting with 'RESULT'", line)
+    fields = dict(word.split("=", 1) for word in words[1:])
+    unknown = set(fields) - set(_FIELDS)
+    if unknown:
+        raise invalid_value("line", f"fields among {_FIELDS}", received=f"fields {sorted(unknown)}")
+    return {name: (float(value) if "." in value or "e" in value else int(value))
+            for name, value in fields.items()}
