@@ -57,7 +57,7 @@ def tfsparse_candidates(matrix, batch):
     """``{(row, name): callable}``: SparseDense on each variant, and SciPy."""
     import tensorflow as tf  # noqa: PLC0415 (only in the tfsparse worker)
 
-    from sparse_dense_speed import sparse_dense_on, train_step_fn, traced  # noqa: PLC0415
+    from sparse_dense_speed import serving_function, sparse_dense_on, train_step_fn  # noqa: PLC0415
     from tfsparse.ops import kernels  # noqa: PLC0415
 
     size = matrix.shape[0]
@@ -67,7 +67,7 @@ def tfsparse_candidates(matrix, batch):
     for variant in kernels.supported_isas() or (None,):
         layer, used = sparse_dense_on(variant, size, matrix, x)
         name = f"tfsparse SparseDense [{used or 'TF fallback'}]"
-        predict = traced(used, lambda layer=layer: layer(x))
+        predict = serving_function(used, layer, x)
         candidates[("inference", name)] = lambda f=predict: np.asarray(f())
         candidates[("training step", name)] = train_step_fn(layer, x, tf.constant(target), used)
     return candidates

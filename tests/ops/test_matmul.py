@@ -82,9 +82,13 @@ def test_forward_and_gradients_match_masked_dense_reference(
         (2, 61, 33),
         (3, 300, 70),  # the largest batch without a panel
         (4, 61, 33),  # the smallest batch with a panel
-        (8, 300, 70),  # one whole 8-row panel split over column ranges
+        (8, 300, 70),  # one whole 8-row panel (8x8 transposes on AVX2/AVX-512)
         (12, 61, 33),  # two 8-row panels, the second partial
-        (64, 300, 70),  # several 16-row panels split over column ranges
+        (64, 300, 70),  # several 16-row panels, on the calling thread
+        # Over 2**21 multiply-adds, on the thread pool: few panels split over
+        # column ranges, and many panels of a unit each.
+        (40, 1024, 1536),
+        (160, 1024, 512),
     ],
 )
 def test_float32_matches_float64_reference_within_rounding(use_kernel, batch, input_dim, units):
@@ -113,18 +117,19 @@ def test_float32_matches_float64_reference_within_rounding(use_kernel, batch, in
 
 
 @pytest.mark.parametrize("use_kernel", PATHS)
-@pytest.mark.parametrize("batch", [1, 3])
-def test_few_rows_of_a_large_kernel_run_on_the_thread_pool(use_kernel, batch):
-    # Over 2**18 nonzeros: batches of 1-3 rows split the columns over the
-    # pool instead of running on the calling thread (spmm_variant.inc).
-    matrix = _kernel((1024, 512), 0.6, seed=8)
+@pytest.mark.parametrize("batch", [1, 3, 8])
+def test_a_large_kernel_runs_on_the_thread_pool(use_kernel, batch):
+    # Over 2**21 multiply-adds: the product is split over the pool instead of
+    # running on the calling thread (spmm_variant.inc), for the batches
+    # without a panel (1-3 rows) and with one.
+    matrix = _kernel((2048, 1536), 0.7, seed=8)
     pattern, values = SparsityPattern.from_scipy(matrix)
-    assert pattern.nnz > 2**18
+    assert pattern.nnz > 2**21
     rng = np.random.default_rng(9)
-    x, dy = rng.standard_normal((batch, 1024)), rng.standard_normal((batch, 512))
+    x, dy = rng.standard_normal((batch, 2048)), rng.standard_normal((batch, 1536))
     y, dx, dvalues = _gradients(x, values, pattern, dy, use_function=True, use_kernel=use_kernel)
     kernel = matrix.toarray()
-    # float64: sums of at most 1024 terms of size ~1, far below 1e-10.
+    # float64: sums of at most 2048 terms of size ~1, far below 1e-10.
     np.testing.assert_allclose(y, x @ kernel, atol=1e-10)
     np.testing.assert_allclose(dx, dy @ kernel.T, atol=1e-10)
     np.testing.assert_allclose(dvalues, (x.T @ dy)[pattern.rows, pattern.cols], atol=1e-10)

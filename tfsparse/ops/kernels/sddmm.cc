@@ -9,6 +9,7 @@
 // the same sums (in another order). The dot product (sddmm_variant.inc) is
 // compiled once per instruction-set variant; the op's "isa" attribute picks
 // one (isa.h).
+#include <algorithm>
 #include <cstdint>
 
 #include "tensorflow/core/framework/op.h"
@@ -48,6 +49,10 @@ void RunSddmm(Isa isa, const T* x, const T* dy, const int32_t* rows,
   TFSPARSE_DISPATCH(isa, Sddmm<T>, x, dy, rows, cols, begin, end, batch, out);
 }
 
+uint32_t RunMaxIndex(Isa isa, const int32_t* idx, int64_t n) {
+  TFSPARSE_DISPATCH(isa, MaxIndex, idx, n);
+}
+
 template <typename T>
 class SddmmOp : public OpKernel {
  public:
@@ -78,11 +83,18 @@ class SddmmOp : public OpKernel {
     const int64_t batch = x_t.dim_size(1);
     const int32_t* r = rows.flat<int32_t>().data();
     const int32_t* c = cols.flat<int32_t>().data();
-    for (int64_t k = 0; k < nnz; ++k) {
-      OP_REQUIRES(ctx, r[k] >= 0 && r[k] < n_in && c[k] >= 0 && c[k] < n_out,
-                  errors::InvalidArgument("nonzero ", k, " at (", r[k], ", ",
-                                          c[k], ") is outside the kernel of "
-                                          "shape (", n_in, ", ", n_out, ")"));
+    // Vectorized max reductions (a negative index read as uint32 wraps
+    // above any limit); the loop that names the culprit runs only when they
+    // find one.
+    if (nnz > 0 && (int64_t{RunMaxIndex(isa_, r, nnz)} >= n_in ||
+                    int64_t{RunMaxIndex(isa_, c, nnz)} >= n_out)) {
+      for (int64_t k = 0; k < nnz; ++k) {
+        OP_REQUIRES(
+            ctx, r[k] >= 0 && r[k] < n_in && c[k] >= 0 && c[k] < n_out,
+            errors::InvalidArgument("nonzero ", k, " at (", r[k], ", ", c[k],
+                                    ") is outside the kernel of shape (",
+                                    n_in, ", ", n_out, ")"));
+      }
     }
     Tensor* out = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, rows.shape(), &out));

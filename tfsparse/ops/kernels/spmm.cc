@@ -15,7 +15,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
-#include <limits>
 #include <memory>
 #include <type_traits>
 #include <vector>
@@ -71,6 +70,10 @@ bool RunSegmentPointers(Isa isa, const int32_t* seg, int64_t nnz,
   TFSPARSE_DISPATCH(isa, SegmentPointers, seg, nnz, units, ptr);
 }
 
+uint32_t RunMaxIndex(Isa isa, const int32_t* idx, int64_t nnz) {
+  TFSPARSE_DISPATCH(isa, MaxIndex, idx, nnz);
+}
+
 template <typename T>
 class SpmmOp : public OpKernel {
  public:
@@ -110,17 +113,10 @@ class SpmmOp : public OpKernel {
     OP_REQUIRES(ctx, RunSegmentPointers(isa_, seg, nnz, units, ptr.data()),
                 errors::InvalidArgument("seg must be sorted and in [0, units=",
                                         units, ")"));
-    // Branch-free check (it vectorises); the loop that names the culprit
-    // runs only when it fails.
-    // Compared as uint32 (a negative index wraps above any limit), so the
-    // baseline build vectorizes it too; int32 indices cannot reach 2^32 - 1.
-    const uint32_t limit = static_cast<uint32_t>(
-        std::min<int64_t>(n_in, std::numeric_limits<uint32_t>::max()));
-    bool idx_ok = true;
-    for (int64_t k = 0; k < nnz; ++k) {
-      idx_ok &= static_cast<uint32_t>(idx[k]) < limit;
-    }
-    if (!idx_ok) {
+    // A vectorized max over idx read as uint32 (a negative index wraps above
+    // any limit; int32 indices cannot reach 2^32 - 1); the loop that names
+    // the culprit runs only when it fails.
+    if (nnz > 0 && int64_t{RunMaxIndex(isa_, idx, nnz)} >= n_in) {
       for (int64_t k = 0; k < nnz; ++k) {
         OP_REQUIRES(ctx, idx[k] >= 0 && idx[k] < n_in,
                     errors::InvalidArgument("idx[", k, "]=", idx[k],
