@@ -31,6 +31,7 @@ demo: setup
 	$(PY) -m tfsparse.graphchallenge --neurons 1024 --layers 120 --repeats 1
 	$(PY) examples/fssl_mnist.py
 	$(PY) examples/fssl_cnn.py
+	$(PY) examples/rigl_mnist.py --epochs 5
 	$(VENV)/bin/horovodrun -np 2 -H localhost:2 --gloo $(PY) examples/horovod_sidco_mnist.py --epochs 5
 	$(PY) examples/pipeline_mnist.py --epochs 3
 	$(VENV)/bin/horovodrun -np 2 -H localhost:2 --gloo $(PY) examples/partitioned_training.py
