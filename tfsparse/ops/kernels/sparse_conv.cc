@@ -21,7 +21,7 @@
 // padded: about one image of the input, or of dy for the input gradient, x
 // the stride squared) and a tile of the band's output in planar layout
 // (about one output image); the values gradient one planar image of x and of
-// dy per thread and a [threads, nnz] partial sum. Conv2D's own workspace is
+// dy per thread and [threads, nnz, lanes] partial sums. Conv2D's own workspace is
 // larger (an im2col buffer of kh * kw times the input, or oneDNN's blocked
 // copies of the whole input and output).
 #include <algorithm>
@@ -431,7 +431,7 @@ class ConvCall {
     const ConvTerms<T> terms = grouped.View();
     const auto& workers = *ctx->device()->tensorflow_cpu_worker_threads();
     const int64_t groups = std::max<int64_t>(1, std::min<int64_t>(batch_, workers.num_threads));
-    std::vector<T> partial(groups * nnz_, T(0));
+    std::vector<T> partial(groups * nnz_ * lanes, T(0));  // [group][term][lane]
     const T* x = ctx->input(0).flat<T>().data();
     const T* dy = ctx->input(1).flat<T>().data();
     const int64_t x_image = rows_.in * cols_.in * channels_;
@@ -449,7 +449,7 @@ class ConvCall {
                            dy_planar.get());
           RunValuesGradient<T>(isa_, x_planar.get(), dy_planar.get(), terms, rows_.out,
                                cols_.out, rows_.stride * x_layout.pitch,
-                               partial.data() + group * nnz_);
+                               partial.data() + group * nnz_ * lanes);
         }
       }
     };
@@ -458,7 +458,9 @@ class ConvCall {
     Shard(workers.num_threads, workers.workers, groups, cost, work);
     for (int64_t k = 0; k < nnz_; ++k) {
       T sum = 0;
-      for (int64_t group = 0; group < groups; ++group) sum += partial[group * nnz_ + k];
+      for (int64_t group = 0; group < groups; ++group) {
+        for (int64_t l = 0; l < lanes; ++l) sum += partial[(group * nnz_ + k) * lanes + l];
+      }
       out[k] = sum;
     }
   }
