@@ -13,7 +13,7 @@
 // with zeros inserted between its pixels for a stride above 1, through the
 // kernel flipped in both taps with C and F swapped. Work units are (image,
 // band of output rows) on TensorFlow's intra-op pool; the values gradient
-// splits the batch into one group of images per thread and sums the groups'
+// splits the batch into groups of images (four per thread) and sums the groups'
 // partial gradients at the end.
 //
 // Memory: no dense kernel and no im2col buffer. Each thread allocates the
@@ -21,11 +21,12 @@
 // padded: about one image of the input, or of dy for the input gradient, x
 // the stride squared) and a tile of the band's output in planar layout
 // (about one output image); the values gradient one planar image of x and of
-// dy per thread and [threads, nnz, lanes] partial sums. Conv2D's own workspace is
+// dy per thread and [groups, nnz, lanes] partial sums. Conv2D's own workspace is
 // larger (an im2col buffer of kh * kw times the input, or oneDNN's blocked
 // copies of the whole input and output).
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -34,7 +35,7 @@
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/shape_inference.h"
-#include "tensorflow/core/util/work_sharder.h"
+#include "tensorflow/core/platform/threadpool.h"
 #include "isa.h"
 
 using namespace tensorflow;  // NOLINT
@@ -95,6 +96,18 @@ void RunValuesGradient(Isa isa, const T* x_planar, const T* dy_planar,
 template <typename T>
 int64_t RunLanes(Isa isa) {
   TFSPARSE_DISPATCH(isa, Lanes<T>);
+}
+
+// Runs fn(begin, end) over [0, units) on TensorFlow's intra-op pool in
+// blocks of about a quarter of a thread's share: on a loaded machine a
+// thread the OS deschedules then holds back one small block, not half the
+// work, while the others take the rest.
+void ParallelUnits(OpKernelContext* ctx, int64_t units,
+                   const std::function<void(int64_t, int64_t)>& fn) {
+  const auto& workers = *ctx->device()->tensorflow_cpu_worker_threads();
+  if (units <= 1 || workers.num_threads <= 1) return fn(0, units);
+  const int64_t block = std::max<int64_t>(1, units / (4 * workers.num_threads));
+  workers.workers->ParallelFor(units, thread::ThreadPool::SchedulingParams::Fixed(block), fn);
 }
 
 // An uninitialised scratch array (every user overwrites it first).
@@ -320,11 +333,7 @@ class ConvCall {
     const int64_t src_image = src_h * src_w * layout.channels;
     const int64_t out_image = out_h * out_w * terms.groups;
     const int64_t rows_per_out = row_step / layout.pitch;  // planar rows per output row
-    const auto& workers = *ctx->device()->tensorflow_cpu_worker_threads();
-    const int64_t cost = 2 * std::max<int64_t>(nnz_, 1) * band * out_w + layout.Size() +
-                         out_image / bands;
-    Shard(workers.num_threads, workers.workers, batch_ * bands, cost,
-          [&](int64_t begin, int64_t end) {
+    ParallelUnits(ctx, batch_ * bands, [&](int64_t begin, int64_t end) {
             auto planar = Scratch<T>(layout.Size() + 2 * lanes);
             auto tile = Scratch<T>(tile_size);
             for (int64_t unit = begin; unit < end; ++unit) {
@@ -337,7 +346,7 @@ class ConvCall {
               RunCorrelate<T>(isa_, planar.get(), terms, bias, rows, out_w, row_step,
                               tile.get(), out + b * out_image + first * out_w * terms.groups);
             }
-          });
+    });
   }
 
   void Forward(OpKernelContext* ctx) {
@@ -430,7 +439,8 @@ class ConvCall {
     const GroupedTerms<T> grouped = ForwardTerms(ctx, x_layout, nullptr);
     const ConvTerms<T> terms = grouped.View();
     const auto& workers = *ctx->device()->tensorflow_cpu_worker_threads();
-    const int64_t groups = std::max<int64_t>(1, std::min<int64_t>(batch_, workers.num_threads));
+    const int64_t groups =
+        std::max<int64_t>(1, std::min<int64_t>(batch_, 4 * workers.num_threads));
     std::vector<T> partial(groups * nnz_ * lanes, T(0));  // [group][term][lane]
     const T* x = ctx->input(0).flat<T>().data();
     const T* dy = ctx->input(1).flat<T>().data();
@@ -453,9 +463,7 @@ class ConvCall {
         }
       }
     };
-    const int64_t cost = (2 * nnz_ * rows_.out * cols_.out + x_image + dy_image) *
-                         (batch_ / groups + 1);
-    Shard(workers.num_threads, workers.workers, groups, cost, work);
+    ParallelUnits(ctx, groups, work);
     for (int64_t k = 0; k < nnz_; ++k) {
       T sum = 0;
       for (int64_t group = 0; group < groups; ++group) {
