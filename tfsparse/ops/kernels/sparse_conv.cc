@@ -16,14 +16,15 @@
 // splits the batch into groups of images (four per thread) and sums the groups'
 // partial gradients at the end.
 //
-// Memory: no dense kernel and no im2col buffer. Each thread allocates the
-// planar copy of one unit's input rows (its band plus the taps' halo, zero
-// padded: about one image of the input, or of dy for the input gradient, x
-// the stride squared) and a tile of the band's output in planar layout
-// (about one output image); the values gradient one planar image of x and of
-// dy per thread and [groups, nnz, lanes] partial sums. Conv2D's own workspace is
-// larger (an im2col buffer of kh * kw times the input, or oneDNN's blocked
-// copies of the whole input and output).
+// Memory: no dense kernel and no im2col buffer. Each block of work units
+// (a few per thread) allocates the planar copy of one unit's input rows (its
+// band plus the taps' halo, zero padded: about one image of the input; for
+// the input gradient one image of dy times the stride squared) and a tile of
+// the band's output in planar layout (about one output image); the values
+// gradient, per group of images, one planar image of x and of dy, and
+// [groups, nnz, lanes] partial sums. Conv2D's own workspace is larger (an
+// im2col buffer of kh * kw times the input, or oneDNN's blocked copies of
+// the whole input and output).
 #include <algorithm>
 #include <cstdint>
 #include <functional>
