@@ -67,7 +67,24 @@ _RUNS = [pytest.param(path.values[0], _eager, id=path.id, marks=path.marks) for 
 @pytest.mark.parametrize("strides,padding,dilation,size,batch", _GEOMETRIES)
 def test_output_and_gradients_equal_dense_conv2d(use_kernel, compile_with, strides, padding,
                                                  dilation, size, batch):
-    kh, kw, cin, filters = 3, 2, 3, 4
+    _check_against_dense_conv2d(use_kernel, compile_with, strides, padding, dilation, size,
+                                batch, (3, 2, 3, 4))
+
+
+@pytest.mark.parametrize("use_kernel", PATHS)
+@pytest.mark.parametrize("strides,padding", [(1, "same"), (1, "valid"), (2, "same"),
+                                             (2, "valid")])
+def test_wide_layers_equal_dense_conv2d(use_kernel, strides, padding):
+    # Rows and channels wider than a vector (and not multiples of one): the
+    # compiled kernels' block transposes, their edges and several vectors
+    # per output row.
+    _check_against_dense_conv2d(use_kernel, _eager, strides, padding, 1, (9, 37), 2,
+                                (3, 3, 21, 18))
+
+
+def _check_against_dense_conv2d(use_kernel, compile_with, strides, padding, dilation, size,
+                                batch, kernel_shape):
+    kh, kw, cin, filters = kernel_shape
     kernel = _kernel(kh, kw, cin, filters)
     pattern, values = SparsityPattern.from_scipy(
         scipy.sparse.csr_matrix(kernel.reshape(-1, filters)))
@@ -107,6 +124,36 @@ def test_output_and_gradients_equal_dense_conv2d(use_kernel, compile_with, strid
     for result, want, bound in zip(results, wanted, bounds):
         assert result.shape == want.shape
         assert np.all(np.abs(result - want) <= n * eps * bound + 1e-30)
+
+
+@pytest.mark.parametrize("use_kernel", PATHS)
+@pytest.mark.parametrize("strides", [1, 2])
+def test_input_gradient_of_non_finite_values_equals_the_tensorflow_path(use_kernel, strides):
+    # An inf value reaches the input gradient only through the pixels its
+    # window covers; the padding must not add 0 * inf = NaN terms.
+    kh, kw, cin, filters = 3, 3, 2, 3
+    kernel = _kernel(kh, kw, cin, filters, seed=4)
+    kernel[1, 0, 1, 2] = np.inf
+    pattern, values = SparsityPattern.from_scipy(
+        scipy.sparse.csr_matrix(kernel.reshape(-1, filters)))
+    rng = np.random.default_rng(5)
+    x = tf.constant(rng.standard_normal((2, 7, 6, cin)), tf.float32)
+    values = tf.constant(values, tf.float32)
+
+    def input_gradient(use):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = sparse_conv2d(x, values, pattern, (kh, kw), (strides, strides), "same",
+                              use_kernel=use)
+        return tape.gradient(y, x, output_gradients=tf.ones_like(y)).numpy()
+
+    dx, expected = input_gradient(use_kernel), input_gradient(False)
+    np.testing.assert_array_equal(np.isfinite(dx), np.isfinite(expected))
+    assert np.any(np.isinf(expected)) and not np.any(np.isnan(expected))
+    np.testing.assert_array_equal(dx[np.isinf(dx)], expected[np.isinf(expected)])
+    finite = np.isfinite(expected)
+    # float32 sums of at most kh * kw * filters = 27 O(1) products.
+    np.testing.assert_allclose(dx[finite], expected[finite], rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("use_kernel", PATHS)

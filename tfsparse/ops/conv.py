@@ -40,10 +40,11 @@ def sparse_conv2d(x, values, pattern, kernel_size, strides=(1, 1), padding="vali
     ``sparse_matmul``. No dense kernel and no im2col buffer are allocated:
 
     * on CPU with tfsparse's compiled kernels (``use_kernel``), a direct
-      sparse convolution: every nonzero adds a shifted input row times its
-      value to an output row (forward), the adjoint (input gradient), or a dot
-      product of the two (values gradient), on the input in planar layout
-      (one transposed copy of the padded input);
+      sparse convolution: each output row segment of a filter is summed in
+      registers over that filter's nonzeros (each a shifted input row times
+      its value); the input gradient is the same sum over dy through the
+      flipped kernel, the values gradient blocked dot products of the two.
+      Each thread lays out one image's rows at a time in planar form;
     * otherwise (GPU, kernels off, exported SavedModels, which then hold core
       TensorFlow ops only) as a sum over the ``kh * kw`` taps of each tap's
       shifted input window ``[batch * out_h * out_w, cin]`` times the tap's
@@ -97,6 +98,12 @@ def sparse_conv2d(x, values, pattern, kernel_size, strides=(1, 1), padding="vali
     if _tf_internal.in_xla_context():
         y = _dense_conv2d(x, values, pattern, kernel_size, strides, padding, dilation_rate)
         return y if bias is None else tf.nn.bias_add(y, tf.cast(bias, y.dtype))
+    rows = tf.convert_to_tensor(pattern.rows, tf.int32)
+    cols = tf.convert_to_tensor(pattern.cols, tf.int32)
+    values = tf.convert_to_tensor(values, x.dtype)
+    if use_kernel:
+        return _compiled_conv2d(x, values, rows, cols, filters, kernel_size, strides, padding,
+                                dilation_rate, bias)
     shape = tf.shape(x)
     out_h, top, bottom = _output_size_and_padding(
         shape[1], kh, strides[0], dilation_rate[0], padding)
@@ -104,13 +111,6 @@ def sparse_conv2d(x, values, pattern, kernel_size, strides=(1, 1), padding="vali
         shape[2], kw, strides[1], dilation_rate[1], padding)
     if padding == "same":
         x = tf.pad(x, [[0, 0], [top, bottom], [left, right], [0, 0]])
-    rows = tf.convert_to_tensor(pattern.rows, tf.int32)
-    cols = tf.convert_to_tensor(pattern.cols, tf.int32)
-    values = tf.convert_to_tensor(values, x.dtype)
-    if use_kernel:
-        y = _compiled_conv2d(x, values, rows, cols, filters, kernel_size, strides,
-                             dilation_rate)
-        return y if bias is None else tf.nn.bias_add(y, tf.cast(bias, y.dtype))
     tap_of = rows // cin
     y = None
     for tap in range(kh * kw):
@@ -134,32 +134,42 @@ def sparse_conv2d(x, values, pattern, kernel_size, strides=(1, 1), padding="vali
     return y
 
 
-def _compiled_conv2d(x_padded, values, rows, cols, filters, kernel_size, strides,
-                     dilation_rate):
-    """On tfsparse's compiled direct sparse convolution (CPU), planar layout.
+def _compiled_conv2d(x, values, rows, cols, filters, kernel_size, strides, padding,
+                     dilation_rate, bias):
+    """On tfsparse's compiled direct sparse convolution (CPU), channels last.
 
-    The padded input is transposed to ``[batch, cin, height, width]`` (one
-    copy of the input) so that every nonzero reads and writes whole rows;
-    the output comes back ``[batch, filters, out_h, out_w]`` and is
-    transposed to channels last. Besides these, the backward pass allocates
-    the padded input's gradient and a ``[threads, nnz]`` partial sum.
+    The kernels pad, and lay out the rows of one image at a time that they
+    work on, themselves (sparse_conv.cc says what they allocate: per thread
+    about one image's input and output); the bias is added in the forward
+    pass. No tensor besides the outputs and gradients is allocated here.
     """
     library = kernels._library()  # noqa: SLF001  (the ops of sparse_conv.cc)
     attrs = dict(filters=filters, kernel_size=list(kernel_size), strides=list(strides),
-                 dilations=list(dilation_rate), isa=kernels.isa())
+                 dilations=list(dilation_rate), padding=padding.upper(), isa=kernels.isa())
+
+    def forward(x, values, bias):
+        return library.tfsparse_sparse_conv_forward(x, values, rows, cols, bias, **attrs)
+
+    def gradients(x, values, dy):
+        dx = library.tfsparse_sparse_conv_backprop_input(
+            dy, values, rows, cols, tf.shape(x), **attrs)
+        return dx, library.tfsparse_sparse_conv_backprop_values(x, dy, rows, cols, **attrs)
+
+    if bias is None:
+        @tf.custom_gradient
+        def conv(x, values):
+            return forward(x, values, tf.zeros([0], x.dtype)), lambda dy: gradients(x, values, dy)
+
+        return conv(x, values)
 
     @tf.custom_gradient
-    def conv(xp, values):
+    def conv_with_bias(x, values, bias):
         def grad(dy):
-            dxp = library.tfsparse_sparse_conv_backprop_input(
-                dy, values, rows, cols, tf.shape(xp), **attrs)
-            dvalues = library.tfsparse_sparse_conv_backprop_values(xp, dy, rows, cols, **attrs)
-            return dxp, dvalues
+            return (*gradients(x, values, dy), tf.reduce_sum(dy, [0, 1, 2]))
 
-        return library.tfsparse_sparse_conv_forward(xp, values, rows, cols, **attrs), grad
+        return forward(x, values, bias), grad
 
-    y = conv(tf.transpose(x_padded, [0, 3, 1, 2]), values)
-    return tf.transpose(y, [0, 2, 3, 1])
+    return conv_with_bias(x, values, tf.cast(bias, x.dtype))
 
 
 def _dense_conv2d(x, values, pattern, kernel_size, strides, padding, dilation_rate):

@@ -1,46 +1,69 @@
 // Direct sparse 2-D convolution on the kernel's nonzeros (tfsparse/ops/conv.py).
 //
 // The kernel (kh, kw, C, F) is given as its im2col matrix's nonzeros: row
-// r = (i * kw + j) * C + c, column f, value v. Tensors are planar ("NCHW"):
+// r = (i * kw + j) * C + c, column f, value v. Tensors are channels last, as
+// Conv2D's, and padding ("VALID" or "SAME", as Conv2D) is applied here:
 //
-//   TfsparseSparseConvForward        xp [B, C, Hp, Wp] -> y [B, F, OH, OW]
-//   TfsparseSparseConvBackpropInput  dy [B, F, OH, OW] -> dxp [B, C, Hp, Wp]
-//   TfsparseSparseConvBackpropValues xp, dy           -> dv [nnz]
+//   TfsparseSparseConvForward        x [B, H, W, C], bias -> y [B, OH, OW, F]
+//   TfsparseSparseConvBackpropInput  dy [B, OH, OW, F]    -> dx [B, H, W, C]
+//   TfsparseSparseConvBackpropValues x, dy                -> dv [nnz]
 //
-// xp is the input already padded (Python pads as Conv2D's "same"), so
-// OH = (Hp - (kh - 1) * dh - 1) / sh + 1 and likewise OW. Each nonzero is an
-// axpy (or dot product) of whole output rows against a shifted input row: no
-// dense kernel and no im2col buffer are allocated; each thread has one
-// image's worth of output rows [F, OH, Wp] as scratch (stride 1: one long
-// contiguous loop per nonzero, sparse_conv_variant.inc), and the values
-// gradient a [threads, nnz] partial-sum buffer. Work is split over images
-// (the values gradient: over groups of images, summed at the end) on
-// TensorFlow's intra-op pool; the row loops (sparse_conv_variant.inc) are
-// compiled once per instruction-set variant and chosen by the "isa" attribute.
+// The forward pass and the input gradient are one correlation
+// (sparse_conv_variant.inc): the input gradient is the forward pass of dy,
+// with zeros inserted between its pixels for a stride above 1, through the
+// kernel flipped in both taps with C and F swapped. Work units are (image,
+// band of output rows) on TensorFlow's intra-op pool; the values gradient
+// splits the batch into groups of images (four per thread) and sums the groups'
+// partial gradients at the end.
+//
+// Memory: no dense kernel and no im2col buffer. Each block of work units
+// (a few per thread) allocates the planar copy of one unit's input rows (its
+// band plus the taps' halo, zero padded: about one image of the input; for
+// the input gradient one image of dy times the stride squared) and a tile of
+// the band's output in planar layout (about one output image); the values
+// gradient, per group of images, one planar image of x and of dy, and
+// [groups, nnz, lanes] partial sums. Conv2D's own workspace is larger (an
+// im2col buffer of kh * kw times the input, or oneDNN's blocked copies of
+// the whole input and output).
 #include <algorithm>
 #include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/shape_inference.h"
-#include "tensorflow/core/util/work_sharder.h"
+#include "tensorflow/core/platform/threadpool.h"
 #include "isa.h"
 
 using namespace tensorflow;  // NOLINT
 
-struct ConvGeometry {
-  int64_t channels, height, width;  // of the padded input plane set
-  int64_t filters, out_h, out_w;
-  int64_t stride_h, stride_w;
+// A planar buffer [channels][phases][rows][pitch]: the column phases of a
+// stride split a row into `phases` rows of every phases-th column.
+struct PlanarLayout {
+  int64_t channels, phases, rows, pitch;
+  int64_t Size() const { return channels * phases * rows * pitch; }
 };
 
+// Where FillPlanar puts pixel (h, w): row h * up_h + pad_top - row0,
+// column w * up_w + pad_left.
+struct Placement {
+  int64_t up_h, up_w, pad_top, pad_left, row0;
+};
+
+// The nonzeros grouped by output channel (filter, or input channel for the
+// input gradient): group g holds terms [start[g], start[g + 1]), each with
+// its offset into the planar source, its value and its index in the inputs.
 template <typename T>
-struct ConvNonzero {
-  int64_t x_offset;  // of the tap's first input element in [C, Hp, Wp]
-  int64_t filter;
-  T value;
+struct ConvTerms {
+  int64_t groups;
+  const int64_t* start;
+  const int64_t* offset;
+  const T* value;
+  const int64_t* index;
 };
 
 #define TFSPARSE_VARIANT_SOURCE "sparse_conv_variant.inc"
@@ -50,23 +73,48 @@ namespace {
 
 using tfsparse::Isa;
 
-// One image of each pass on the variant `isa` (TFSPARSE_DISPATCH returns).
 template <typename T>
-void RunForward(Isa isa, const T* xp, const ConvNonzero<T>* nz, int64_t nnz,
-                const ConvGeometry& g, T* wide, T* y) {
-  TFSPARSE_DISPATCH(isa, ConvForwardImage<T>, xp, nz, nnz, g, wide, y);
+void RunFillPlanar(Isa isa, const T* src, int64_t height, int64_t width, const Placement& at,
+                   const PlanarLayout& layout, T* dst) {
+  TFSPARSE_DISPATCH(isa, FillPlanar<T>, src, height, width, at, layout, dst);
 }
 
 template <typename T>
-void RunBackpropInput(Isa isa, const T* dy, const ConvNonzero<T>* nz, int64_t nnz,
-                      const ConvGeometry& g, T* wide, T* dxp) {
-  TFSPARSE_DISPATCH(isa, ConvBackpropInputImage<T>, dy, nz, nnz, g, wide, dxp);
+void RunCorrelate(Isa isa, const T* planar, const ConvTerms<T>& terms, const T* bias,
+                  int64_t out_rows, int64_t out_width, int64_t row_step, T* tile, T* out) {
+  TFSPARSE_DISPATCH(isa, Correlate<T>, planar, terms, bias, out_rows, out_width, row_step,
+                    tile, out);
 }
 
 template <typename T>
-void RunBackpropValues(Isa isa, const T* xp, const T* dy, const ConvNonzero<T>* nz,
-                       int64_t nnz, const ConvGeometry& g, T* wide, T* dv) {
-  TFSPARSE_DISPATCH(isa, ConvBackpropValuesImage<T>, xp, dy, nz, nnz, g, wide, dv);
+void RunValuesGradient(Isa isa, const T* x_planar, const T* dy_planar,
+                       const ConvTerms<T>& terms, int64_t out_rows, int64_t out_width,
+                       int64_t row_step, T* dv) {
+  TFSPARSE_DISPATCH(isa, ValuesGradient<T>, x_planar, dy_planar, terms, out_rows, out_width,
+                    row_step, dv);
+}
+
+template <typename T>
+int64_t RunLanes(Isa isa) {
+  TFSPARSE_DISPATCH(isa, Lanes<T>);
+}
+
+// Runs fn(begin, end) over [0, units) on TensorFlow's intra-op pool in
+// blocks of about a quarter of a thread's share: on a loaded machine a
+// thread the OS deschedules then holds back one small block, not half the
+// work, while the others take the rest.
+void ParallelUnits(OpKernelContext* ctx, int64_t units,
+                   const std::function<void(int64_t, int64_t)>& fn) {
+  const auto& workers = *ctx->device()->tensorflow_cpu_worker_threads();
+  if (units <= 1 || workers.num_threads <= 1) return fn(0, units);
+  const int64_t block = std::max<int64_t>(1, units / (4 * workers.num_threads));
+  workers.workers->ParallelFor(units, thread::ThreadPool::SchedulingParams::Fixed(block), fn);
+}
+
+// An uninitialised scratch array (every user overwrites it first).
+template <typename T>
+std::unique_ptr<T[]> Scratch(int64_t size) {
+  return std::unique_ptr<T[]>(new T[std::max<int64_t>(size, 1)]);
 }
 
 #define TFSPARSE_CONV_ATTRS                     \
@@ -75,29 +123,39 @@ void RunBackpropValues(Isa isa, const T* xp, const T* dy, const ConvNonzero<T>* 
       .Attr("kernel_size: list(int) >= 2")      \
       .Attr("strides: list(int) >= 2")          \
       .Attr("dilations: list(int) >= 2")        \
+      .Attr("padding: {'VALID', 'SAME'}")       \
       .Attr("isa: string = ''")
 
 REGISTER_OP("TfsparseSparseConvForward")
-    .Input("xp: T")
+    .Input("x: T")
     .Input("values: T")
     .Input("rows: int32")
     .Input("cols: int32")
+    .Input("bias: T")
     .Output("y: T")
     .TFSPARSE_CONV_ATTRS
-    .SetShapeFn(shape_inference::UnknownShape);
+    .SetShapeFn([](shape_inference::InferenceContext* c) {
+      shape_inference::ShapeHandle x;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 4, &x));
+      int64_t filters;
+      TF_RETURN_IF_ERROR(c->GetAttr("filters", &filters));
+      c->set_output(0, c->MakeShape({c->Dim(x, 0), c->UnknownDim(), c->UnknownDim(),
+                                     c->MakeDim(filters)}));
+      return absl::OkStatus();
+    });
 
 REGISTER_OP("TfsparseSparseConvBackpropInput")
     .Input("dy: T")
     .Input("values: T")
     .Input("rows: int32")
     .Input("cols: int32")
-    .Input("padded_shape: int32")
-    .Output("dxp: T")
+    .Input("input_shape: int32")
+    .Output("dx: T")
     .TFSPARSE_CONV_ATTRS
     .SetShapeFn(shape_inference::UnknownShape);
 
 REGISTER_OP("TfsparseSparseConvBackpropValues")
-    .Input("xp: T")
+    .Input("x: T")
     .Input("dy: T")
     .Input("rows: int32")
     .Input("cols: int32")
@@ -110,153 +168,344 @@ REGISTER_OP("TfsparseSparseConvBackpropValues")
 
 enum class Pass { kForward, kBackpropInput, kBackpropValues };
 
-absl::Status CheckDy(const Tensor& dy, int64_t batch, const ConvGeometry& g) {
-  if (dy.dims() == 4 && dy.dim_size(0) == batch && dy.dim_size(1) == g.filters &&
-      dy.dim_size(2) == g.out_h && dy.dim_size(3) == g.out_w) {
+// One spatial axis as Conv2D computes it: output size and padding before.
+struct Axis {
+  int64_t in, out, kernel, stride, dilation, pad_before;
+};
+
+Axis MakeAxis(int64_t in, int64_t kernel, int64_t stride, int64_t dilation, bool same) {
+  const int64_t extent = (kernel - 1) * dilation + 1;
+  Axis a{in, 0, kernel, stride, dilation, 0};
+  if (same) {
+    a.out = (in + stride - 1) / stride;
+    a.pad_before = std::max<int64_t>((a.out - 1) * stride + extent - in, 0) / 2;
+  } else {
+    a.out = in >= extent ? (in - extent) / stride + 1 : 0;
+  }
+  return a;
+}
+
+// The nonzeros sorted (stably, by counting) into groups by `key`.
+template <typename T>
+struct GroupedTerms {
+  std::vector<int64_t> start, offset, index;
+  std::vector<T> value;
+
+  ConvTerms<T> View() const {
+    return ConvTerms<T>{static_cast<int64_t>(start.size()) - 1, start.data(), offset.data(),
+                        value.data(), index.data()};
+  }
+};
+
+template <typename T, typename Key, typename Offset>
+GroupedTerms<T> Group(int64_t nnz, int64_t groups, const T* values, Key key, Offset offset) {
+  GroupedTerms<T> g;
+  g.start.assign(groups + 1, 0);
+  for (int64_t k = 0; k < nnz; ++k) ++g.start[key(k) + 1];
+  for (int64_t o = 0; o < groups; ++o) g.start[o + 1] += g.start[o];
+  std::vector<int64_t> next(g.start.begin(), g.start.end() - 1);
+  g.offset.resize(nnz);
+  g.index.resize(nnz);
+  g.value.resize(nnz);
+  for (int64_t k = 0; k < nnz; ++k) {
+    const int64_t at = next[key(k)]++;
+    g.offset[at] = offset(k);
+    g.index[at] = k;
+    g.value[at] = values == nullptr ? T(0) : values[k];
+  }
+  return g;
+}
+
+// The op's attributes.
+struct ConvSettings {
+  Isa isa;
+  int64 filters;
+  bool same;
+  std::vector<std::vector<int32>> pairs;  // kernel_size, strides, dilations
+};
+
+// One call of an op: the settings and the geometry of this call's tensors
+// (a kernel may run concurrently, so nothing of a call lives in the kernel).
+template <typename T>
+class ConvCall {
+ public:
+  ConvCall(const ConvSettings& settings, Pass pass)
+      : pass_(pass), isa_(settings.isa), filters_(settings.filters), same_(settings.same),
+        pairs_(settings.pairs) {}
+
+  void Run(OpKernelContext* ctx) {
+    int64_t shape[4];  // of x: given to the input gradient, else x's own
+    if (pass_ == Pass::kBackpropInput) {
+      const Tensor& s = ctx->input(4);
+      OP_REQUIRES(ctx, s.NumElements() == 4,
+                  errors::InvalidArgument("input_shape must have 4 elements"));
+      for (int d = 0; d < 4; ++d) shape[d] = s.flat<int32>()(d);
+    } else {
+      OP_REQUIRES(ctx, ctx->input(0).dims() == 4,
+                  errors::InvalidArgument("x must be 4-D [B, H, W, C]"));
+      for (int d = 0; d < 4; ++d) shape[d] = ctx->input(0).dim_size(d);
+    }
+    batch_ = shape[0];
+    channels_ = shape[3];
+    rows_ = MakeAxis(shape[1], pairs_[0][0], pairs_[1][0], pairs_[2][0], same_);
+    cols_ = MakeAxis(shape[2], pairs_[0][1], pairs_[1][1], pairs_[2][1], same_);
+    OP_REQUIRES_OK(ctx, CheckNonzeros(ctx));
+    if (pass_ != Pass::kForward) {
+      const Tensor& dy = ctx->input(pass_ == Pass::kBackpropValues ? 1 : 0);
+      OP_REQUIRES(ctx, dy.dims() == 4 && dy.dim_size(0) == batch_ &&
+                           dy.dim_size(1) == rows_.out && dy.dim_size(2) == cols_.out &&
+                           dy.dim_size(3) == filters_,
+                  errors::InvalidArgument("dy must be [", batch_, ", ", rows_.out, ", ",
+                                          cols_.out, ", ", filters_, "], got ",
+                                          dy.shape().DebugString()));
+    }
+    if (pass_ == Pass::kForward) return Forward(ctx);
+    if (pass_ == Pass::kBackpropInput) return BackpropInput(ctx);
+    return BackpropValues(ctx);
+  }
+
+ private:
+  const int32* Rows(OpKernelContext* ctx) { return ctx->input(2).flat<int32>().data(); }
+  const int32* Cols(OpKernelContext* ctx) { return ctx->input(3).flat<int32>().data(); }
+  // Tap (i, j) and channel of nonzero k.
+  int64_t TapRow(int64_t r) const { return r / channels_ / pairs_[0][1]; }
+  int64_t TapCol(int64_t r) const { return r / channels_ % pairs_[0][1]; }
+  int64_t Channel(int64_t r) const { return r % channels_; }
+
+  absl::Status CheckNonzeros(OpKernelContext* ctx) {
+    const Tensor& rows = ctx->input(2);
+    const Tensor& cols = ctx->input(3);
+    nnz_ = rows.NumElements();
+    if (rows.dims() != 1 || cols.dims() != 1 || cols.NumElements() != nnz_ ||
+        (pass_ != Pass::kBackpropValues && ctx->input(1).NumElements() != nnz_)) {
+      return errors::InvalidArgument("values, rows and cols must be 1-D of equal length");
+    }
+    const int64_t rows_total = pairs_[0][0] * pairs_[0][1] * channels_;
+    for (int64_t k = 0; k < nnz_; ++k) {
+      const int32 r = Rows(ctx)[k], c = Cols(ctx)[k];
+      if (r < 0 || r >= rows_total || c < 0 || c >= filters_) {
+        return errors::InvalidArgument("nonzero ", k, " at (", r, ", ", c,
+                                       ") is outside the im2col kernel of shape (",
+                                       rows_total, ", ", filters_, ")");
+      }
+    }
     return absl::OkStatus();
   }
-  return errors::InvalidArgument("dy must be [", batch, ", ", g.filters, ", ", g.out_h,
-                                 ", ", g.out_w, "], got ", dy.shape().DebugString());
-}
+
+  // The planar layout of x for `band` output rows, as the forward pass and
+  // the values gradient read it, and the terms grouped by filter.
+  PlanarLayout ForwardLayout(int64_t band, int64_t lanes) const {
+    const int64_t vectors = (cols_.out + lanes - 1) / lanes;
+    return PlanarLayout{channels_, cols_.stride,
+                        (band - 1) * rows_.stride + (rows_.kernel - 1) * rows_.dilation + 1,
+                        vectors * lanes + (cols_.kernel - 1) * cols_.dilation / cols_.stride};
+  }
+
+  GroupedTerms<T> ForwardTerms(OpKernelContext* ctx, const PlanarLayout& layout,
+                               const T* values) {
+    const int32* r = Rows(ctx);
+    return Group<T>(nnz_, filters_, values, [&](int64_t k) { return Cols(ctx)[k]; },
+                    [&](int64_t k) {
+                      const int64_t column = TapCol(r[k]) * cols_.dilation;
+                      return ((Channel(r[k]) * layout.phases + column % cols_.stride) *
+                                  layout.rows + TapRow(r[k]) * rows_.dilation) *
+                                 layout.pitch + column / cols_.stride;
+                    });
+  }
+
+  // Units of (image, band of `band` output rows) of an output `out_rows`
+  // high: bands small enough for every thread to get work.
+  int64_t Band(int64_t out_rows, int64_t threads) const {
+    const int64_t bands_per_image = std::max<int64_t>(1, (2 * threads + batch_ - 1) / batch_);
+    return std::max<int64_t>(1, (out_rows + bands_per_image - 1) / bands_per_image);
+  }
+
+  // Runs fill + Correlate over (image, band) units into `out` [B, out_h,
+  // out_w, terms.groups], the source being `src` [B, src_h, src_w, C'].
+  void CorrelateUnits(OpKernelContext* ctx, const T* src, int64_t src_h, int64_t src_w,
+                      const PlanarLayout& layout, Placement at, int64_t band,
+                      int64_t row_step, int64_t out_h, int64_t out_w,
+                      const ConvTerms<T>& terms, const T* bias, T* out) {
+    if (out_h == 0 || out_w == 0 || batch_ == 0) return;
+    const int64_t lanes = RunLanes<T>(isa_);
+    const int64_t bands = (out_h + band - 1) / band;
+    const int64_t vectors = (out_w + lanes - 1) / lanes;
+    const int64_t tile_size = terms.groups * (band * vectors + 8) * lanes;
+    const int64_t src_image = src_h * src_w * layout.channels;
+    const int64_t out_image = out_h * out_w * terms.groups;
+    const int64_t rows_per_out = row_step / layout.pitch;  // planar rows per output row
+    ParallelUnits(ctx, batch_ * bands, [&](int64_t begin, int64_t end) {
+            auto planar = Scratch<T>(layout.Size() + 2 * lanes);
+            auto tile = Scratch<T>(tile_size);
+            for (int64_t unit = begin; unit < end; ++unit) {
+              const int64_t b = unit / bands, first = unit % bands * band;
+              const int64_t rows = std::min(band, out_h - first);
+              Placement here = at;
+              here.row0 = first * rows_per_out;
+              RunFillPlanar<T>(isa_, src + b * src_image, src_h, src_w, here, layout,
+                               planar.get());
+              RunCorrelate<T>(isa_, planar.get(), terms, bias, rows, out_w, row_step,
+                              tile.get(), out + b * out_image + first * out_w * terms.groups);
+            }
+    });
+  }
+
+  void Forward(OpKernelContext* ctx) {
+    const Tensor& bias = ctx->input(4);
+    OP_REQUIRES(ctx, bias.dims() == 1 && (bias.NumElements() == 0 ||
+                                          bias.NumElements() == filters_),
+                errors::InvalidArgument("bias must be empty or of length ", filters_,
+                                        ", got shape ", bias.shape().DebugString()));
+    Tensor* y = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(
+                            0, TensorShape({batch_, rows_.out, cols_.out, filters_}), &y));
+    const auto& workers = *ctx->device()->tensorflow_cpu_worker_threads();
+    const int64_t band = Band(rows_.out, workers.num_threads);
+    const PlanarLayout layout = ForwardLayout(band, RunLanes<T>(isa_));
+    const GroupedTerms<T> terms = ForwardTerms(ctx, layout, ctx->input(1).flat<T>().data());
+    const Placement at{1, 1, rows_.pad_before, cols_.pad_before, 0};
+    CorrelateUnits(ctx, ctx->input(0).flat<T>().data(), rows_.in, cols_.in, layout, at, band,
+                   rows_.stride * layout.pitch, rows_.out, cols_.out, terms.View(),
+                   bias.NumElements() == 0 ? nullptr : bias.flat<T>().data(),
+                   y->flat<T>().data());
+  }
+
+  // dx = the forward pass of dy (zeros inserted for the stride, padded by
+  // the taps' extent minus Conv2D's padding) through the flipped kernel.
+  void BackpropInput(OpKernelContext* ctx) {
+    Tensor* dx = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(
+                            0, TensorShape({batch_, rows_.in, cols_.in, channels_}), &dx));
+    const T* values = ctx->input(1).flat<T>().data();
+    if (!std::all_of(values, values + nnz_, [](T v) { return v - v == T(0); })) {
+      // The correlation multiplies the inserted and padding zeros by the
+      // values too: exact only for finite values.
+      return BackpropInputDirect(ctx, values, dx->flat<T>().data());
+    }
+    const auto& workers = *ctx->device()->tensorflow_cpu_worker_threads();
+    const int64_t band = Band(rows_.in, workers.num_threads);
+    const int64_t lanes = RunLanes<T>(isa_);
+    const int64_t extent_h = (rows_.kernel - 1) * rows_.dilation;
+    const int64_t extent_w = (cols_.kernel - 1) * cols_.dilation;
+    const PlanarLayout layout{filters_, 1, band + extent_h,
+                              (cols_.in + lanes - 1) / lanes * lanes + extent_w};
+    const int32* r = Rows(ctx);
+    const GroupedTerms<T> terms = Group<T>(
+        nnz_, channels_, values, [&](int64_t k) { return Channel(r[k]); },
+        [&](int64_t k) {
+          const int64_t i = rows_.kernel - 1 - TapRow(r[k]);
+          const int64_t j = cols_.kernel - 1 - TapCol(r[k]);
+          return (Cols(ctx)[k] * layout.rows + i * rows_.dilation) * layout.pitch +
+                 j * cols_.dilation;
+        });
+    const Placement at{rows_.stride, cols_.stride, extent_h - rows_.pad_before,
+                       extent_w - cols_.pad_before, 0};
+    CorrelateUnits(ctx, ctx->input(0).flat<T>().data(), rows_.out, cols_.out, layout, at,
+                   band, layout.pitch, rows_.in, cols_.in, terms.View(), nullptr,
+                   dx->flat<T>().data());
+  }
+
+  // The input gradient term by term on channels-last tensors (slow, exact
+  // for any values: used when some are not finite).
+  void BackpropInputDirect(OpKernelContext* ctx, const T* values, T* dx) {
+    std::fill(dx, dx + batch_ * rows_.in * cols_.in * channels_, T(0));
+    const T* dy = ctx->input(0).flat<T>().data();
+    for (int64_t b = 0; b < batch_; ++b) {
+      for (int64_t k = 0; k < nnz_; ++k) {
+        const int64_t r = Rows(ctx)[k], f = Cols(ctx)[k];
+        for (int64_t oy = 0; oy < rows_.out; ++oy) {
+          const int64_t h = oy * rows_.stride + TapRow(r) * rows_.dilation - rows_.pad_before;
+          for (int64_t ox = 0; ox < cols_.out && h >= 0 && h < rows_.in; ++ox) {
+            const int64_t w =
+                ox * cols_.stride + TapCol(r) * cols_.dilation - cols_.pad_before;
+            if (w < 0 || w >= cols_.in) continue;
+            dx[((b * rows_.in + h) * cols_.in + w) * channels_ + Channel(r)] +=
+                values[k] * dy[((b * rows_.out + oy) * cols_.out + ox) * filters_ + f];
+          }
+        }
+      }
+    }
+  }
+
+  void BackpropValues(OpKernelContext* ctx) {
+    Tensor* dv = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({nnz_}), &dv));
+    T* out = dv->flat<T>().data();
+    std::fill(out, out + nnz_, T(0));
+    if (rows_.out == 0 || cols_.out == 0 || batch_ == 0 || nnz_ == 0) return;
+    const int64_t lanes = RunLanes<T>(isa_);
+    const PlanarLayout x_layout = ForwardLayout(rows_.out, lanes);
+    const PlanarLayout dy_layout{filters_, 1, rows_.out,
+                                 (cols_.out + lanes - 1) / lanes * lanes};
+    const GroupedTerms<T> grouped = ForwardTerms(ctx, x_layout, nullptr);
+    const ConvTerms<T> terms = grouped.View();
+    const auto& workers = *ctx->device()->tensorflow_cpu_worker_threads();
+    const int64_t groups =
+        std::max<int64_t>(1, std::min<int64_t>(batch_, 4 * workers.num_threads));
+    std::vector<T> partial(groups * nnz_ * lanes, T(0));  // [group][term][lane]
+    const T* x = ctx->input(0).flat<T>().data();
+    const T* dy = ctx->input(1).flat<T>().data();
+    const int64_t x_image = rows_.in * cols_.in * channels_;
+    const int64_t dy_image = rows_.out * cols_.out * filters_;
+    const Placement x_at{1, 1, rows_.pad_before, cols_.pad_before, 0};
+    const Placement dy_at{1, 1, 0, 0, 0};
+    auto work = [&](int64_t begin, int64_t end) {
+      auto x_planar = Scratch<T>(x_layout.Size() + 2 * lanes);
+      auto dy_planar = Scratch<T>(dy_layout.Size());
+      for (int64_t group = begin; group < end; ++group) {
+        for (int64_t b = group * batch_ / groups; b < (group + 1) * batch_ / groups; ++b) {
+          RunFillPlanar<T>(isa_, x + b * x_image, rows_.in, cols_.in, x_at, x_layout,
+                           x_planar.get());
+          RunFillPlanar<T>(isa_, dy + b * dy_image, rows_.out, cols_.out, dy_at, dy_layout,
+                           dy_planar.get());
+          RunValuesGradient<T>(isa_, x_planar.get(), dy_planar.get(), terms, rows_.out,
+                               cols_.out, rows_.stride * x_layout.pitch,
+                               partial.data() + group * nnz_ * lanes);
+        }
+      }
+    };
+    ParallelUnits(ctx, groups, work);
+    for (int64_t k = 0; k < nnz_; ++k) {
+      T sum = 0;
+      for (int64_t group = 0; group < groups; ++group) {
+        for (int64_t l = 0; l < lanes; ++l) sum += partial[(group * nnz_ + k) * lanes + l];
+      }
+      out[k] = sum;
+    }
+  }
+
+  const Pass pass_;
+  const Isa isa_;
+  const int64 filters_;
+  const bool same_;
+  const std::vector<std::vector<int32>>& pairs_;
+  int64_t batch_ = 0, channels_ = 0, nnz_ = 0;
+  Axis rows_{}, cols_{};
+};
 
 template <typename T>
 class SparseConvOp : public OpKernel {
  public:
-  explicit SparseConvOp(OpKernelConstruction* ctx, Pass pass)
-      : OpKernel(ctx), pass_(pass) {
-    OP_REQUIRES_OK(ctx, tfsparse::IsaFromAttr(ctx, &isa_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("filters", &filters_));
+  explicit SparseConvOp(OpKernelConstruction* ctx, Pass pass) : OpKernel(ctx), pass_(pass) {
+    OP_REQUIRES_OK(ctx, tfsparse::IsaFromAttr(ctx, &settings_.isa));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("filters", &settings_.filters));
+    std::string padding;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("padding", &padding));
+    settings_.same = padding == "SAME";
     for (const char* name : {"kernel_size", "strides", "dilations"}) {
       std::vector<int32> pair;
       OP_REQUIRES_OK(ctx, ctx->GetAttr(name, &pair));
       OP_REQUIRES(ctx, pair.size() == 2 && pair[0] >= 1 && pair[1] >= 1,
                   errors::InvalidArgument(name, " must be two positive ints"));
-      pairs_.push_back(pair);
+      settings_.pairs.push_back(pair);
     }
   }
 
-  void Compute(OpKernelContext* ctx) override {
-    // The padded input's shape: xp's, or given to the input gradient.
-    int64_t shape[4];
-    if (pass_ == Pass::kBackpropInput) {
-      const Tensor& s = ctx->input(4);
-      OP_REQUIRES(ctx, s.NumElements() == 4,
-                  errors::InvalidArgument("padded_shape must have 4 elements"));
-      for (int d = 0; d < 4; ++d) shape[d] = s.flat<int32>()(d);
-    } else {
-      OP_REQUIRES(ctx, ctx->input(0).dims() == 4,
-                  errors::InvalidArgument("xp must be 4-D [B, C, Hp, Wp]"));
-      for (int d = 0; d < 4; ++d) shape[d] = ctx->input(0).dim_size(d);
-    }
-    const int64_t batch = shape[0];
-    ConvGeometry g;
-    g.channels = shape[1];
-    g.height = shape[2];
-    g.width = shape[3];
-    g.filters = filters_;
-    g.stride_h = pairs_[1][0];
-    g.stride_w = pairs_[1][1];
-    const int64_t extent_h = (pairs_[0][0] - 1) * int64_t{pairs_[2][0]} + 1;
-    const int64_t extent_w = (pairs_[0][1] - 1) * int64_t{pairs_[2][1]} + 1;
-    g.out_h = g.height >= extent_h ? (g.height - extent_h) / g.stride_h + 1 : 0;
-    g.out_w = g.width >= extent_w ? (g.width - extent_w) / g.stride_w + 1 : 0;
-    std::vector<ConvNonzero<T>> nz;
-    OP_REQUIRES_OK(ctx, Nonzeros(ctx, g, &nz));
-    const int64_t nnz = nz.size();
-    const int64_t x_size = g.channels * g.height * g.width;
-    const int64_t y_size = g.filters * g.out_h * g.out_w;
-    const int64_t cost = 2 * std::max<int64_t>(nnz, 1) * g.out_h * g.out_w + x_size + y_size;
-    const auto& workers = *ctx->device()->tensorflow_cpu_worker_threads();
-    if (pass_ != Pass::kForward) {
-      OP_REQUIRES_OK(ctx, CheckDy(ctx->input(pass_ == Pass::kBackpropValues ? 1 : 0),
-                                  batch, g));
-    }
-    if (pass_ == Pass::kBackpropValues) {
-      const Tensor& dy = ctx->input(1);
-      Tensor* dv = nullptr;
-      OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({nnz}), &dv));
-      const int64_t groups = std::max<int64_t>(1, std::min<int64_t>(batch, workers.num_threads));
-      std::vector<T> partial(groups * nnz, T(0));
-      const T* x = ctx->input(0).flat<T>().data();
-      const T* e = dy.flat<T>().data();
-      auto work = [&](int64_t begin, int64_t end) {
-        std::vector<T> wide(g.filters * g.out_h * g.width);
-        for (int64_t group = begin; group < end; ++group) {
-          for (int64_t b = group * batch / groups; b < (group + 1) * batch / groups; ++b) {
-            RunBackpropValues<T>(isa_, x + b * x_size, e + b * y_size, nz.data(), nnz,
-                                 g, wide.data(), partial.data() + group * nnz);
-          }
-        }
-      };
-      Shard(workers.num_threads, workers.workers, groups, cost * (batch / groups + 1), work);
-      T* out = dv->flat<T>().data();
-      for (int64_t k = 0; k < nnz; ++k) {
-        T sum = 0;
-        for (int64_t group = 0; group < groups; ++group) sum += partial[group * nnz + k];
-        out[k] = sum;
-      }
-      return;
-    }
-    const bool forward = pass_ == Pass::kForward;
-    const Tensor& in = ctx->input(0);
-    Tensor* out = nullptr;
-    TensorShape out_shape = forward
-        ? TensorShape({batch, g.filters, g.out_h, g.out_w})
-        : TensorShape({batch, g.channels, g.height, g.width});
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, out_shape, &out));
-    const T* src = in.flat<T>().data();
-    T* dst = out->flat<T>().data();
-    auto work = [&](int64_t begin, int64_t end) {
-      std::vector<T> wide(g.filters * g.out_h * g.width);  // per call: threads share none
-      for (int64_t b = begin; b < end; ++b) {
-        if (forward) {
-          RunForward<T>(isa_, src + b * x_size, nz.data(), nnz, g, wide.data(),
-                        dst + b * y_size);
-        } else {
-          RunBackpropInput<T>(isa_, src + b * y_size, nz.data(), nnz, g, wide.data(),
-                              dst + b * x_size);
-        }
-      }
-    };
-    Shard(workers.num_threads, workers.workers, batch, cost, work);
-  }
+  void Compute(OpKernelContext* ctx) override { ConvCall<T>(settings_, pass_).Run(ctx); }
 
  private:
-  // The nonzeros with their input offsets, checked against the geometry.
-  absl::Status Nonzeros(OpKernelContext* ctx, const ConvGeometry& g,
-                        std::vector<ConvNonzero<T>>* nz) {
-    const Tensor& values = ctx->input(pass_ == Pass::kBackpropValues ? 2 : 1);
-    const Tensor& rows = ctx->input(2);
-    const Tensor& cols = ctx->input(3);
-    const int64_t nnz = rows.NumElements();
-    if (rows.dims() != 1 || cols.dims() != 1 || cols.NumElements() != nnz ||
-        (pass_ != Pass::kBackpropValues && values.NumElements() != nnz)) {
-      return errors::InvalidArgument("values, rows and cols must be 1-D of equal length");
-    }
-    const int64_t kh = pairs_[0][0], kw = pairs_[0][1];
-    const int64_t rows_total = kh * kw * g.channels;
-    const int32* r = rows.flat<int32>().data();
-    const int32* c = cols.flat<int32>().data();
-    nz->resize(nnz);
-    for (int64_t k = 0; k < nnz; ++k) {
-      if (r[k] < 0 || r[k] >= rows_total || c[k] < 0 || c[k] >= g.filters) {
-        return errors::InvalidArgument("nonzero ", k, " at (", r[k], ", ", c[k],
-                                       ") is outside the im2col kernel of shape (",
-                                       rows_total, ", ", g.filters, ")");
-      }
-      const int64_t tap = r[k] / g.channels, channel = r[k] % g.channels;
-      const int64_t i = tap / kw, j = tap % kw;
-      (*nz)[k].x_offset = (channel * g.height + i * pairs_[2][0]) * g.width + j * pairs_[2][1];
-      (*nz)[k].filter = c[k];
-      (*nz)[k].value = pass_ == Pass::kBackpropValues ? T(0) : values.flat<T>()(k);
-    }
-    return absl::OkStatus();
-  }
-
   Pass pass_;
-  Isa isa_;
-  int64 filters_;
-  std::vector<std::vector<int32>> pairs_;
+  ConvSettings settings_;
 };
 
 template <typename T, Pass P>
