@@ -137,7 +137,7 @@ def mixed_precision():
         keras.mixed_precision.set_global_policy(name)
 
     yield set_policy
-    keras.mixed_precision.set_global_policy("float32")
+    keras.mixed_precision.set_global_policy(None)  # back to floatx, as when unset
 
 
 def test_loss_scaling_is_refused_not_applied_wrongly(mixed_precision):

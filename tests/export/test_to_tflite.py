@@ -192,7 +192,7 @@ def test_a_mixed_precision_model_is_refused():
     try:
         model = keras.Sequential([keras.Input((8,)), SparseDense(4, density=0.5, name="sparse")])
     finally:
-        keras.mixed_precision.set_global_policy("float32")
+        keras.mixed_precision.set_global_policy(None)  # back to floatx, as when unset
     with pytest.raises(ValueError) as error:
         to_tflite(model)
     assert str(error.value) == (

@@ -19,7 +19,7 @@ ROUNDOFF = {"float16": 2.0 ** -11, "bfloat16": 2.0 ** -8}
 def policy(request):
     keras.mixed_precision.set_global_policy(request.param)
     yield request.param.split("_")[1]
-    keras.mixed_precision.set_global_policy("float32")
+    keras.mixed_precision.set_global_policy(None)  # back to floatx, as when unset
 
 
 @pytest.mark.parametrize("use_kernel", PATHS)

@@ -89,7 +89,7 @@ def test_model_trains_with_jit_compile_and_reloads(tmp_path):
 def policy(request):
     keras.mixed_precision.set_global_policy(request.param)
     yield request.param.split("_")[1]
-    keras.mixed_precision.set_global_policy("float32")
+    keras.mixed_precision.set_global_policy(None)  # back to floatx, as when unset
 
 
 def test_mixed_precision_computes_in_float32_and_rounds_once(policy):

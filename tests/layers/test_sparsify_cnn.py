@@ -165,7 +165,7 @@ def test_mixed_precision_convolutions_convert_with_their_policy():
     try:
         model = integer_weights(sequential_cnn(), density=0.3)
     finally:
-        keras.mixed_precision.set_global_policy("float32")
+        keras.mixed_precision.set_global_policy(None)  # back to floatx, as when unset
     sparse = sparsify(model, max_density=1.0)
     conv = sparse.get_layer("conv1")
     assert (conv.compute_dtype, conv.variable_dtype) == ("float16", "float32")

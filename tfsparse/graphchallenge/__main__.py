@@ -24,7 +24,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfsparse import graphchallenge as gc
-from tfsparse._validation import check_positive_int
+from tfsparse._validation import check_positive_int, invalid_value
 
 _INPUTS_HELP = (
     "number of inputs; the challenge uses 60000. Generated inputs are the 5,000 MNIST "
@@ -90,8 +90,9 @@ def load_problem(args):
         source = f"{images}"
         if args.inputs is not None:
             if args.inputs > features.shape[0]:
-                sys.exit(f'Received an invalid value for "--inputs", expected at most the '
-                         f"{features.shape[0]} inputs of {images}. Received: --inputs={args.inputs}")
+                sys.exit(str(invalid_value(
+                    "--inputs", f"at most the {features.shape[0]} inputs of {images}",
+                    received=f"--inputs={args.inputs}")))
             features = features[:args.inputs]
     else:
         features = gc.mnist_features(neurons, num_inputs=args.inputs or 5000)
