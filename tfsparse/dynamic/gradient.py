@@ -103,7 +103,7 @@ def largest_gradient_keys(inputs, output_gradients, taken, count, block_elements
             block = average(block, start)
         block = np.asarray(block)  # a view of the tensor's memory, not a copy
         if buffer is None:
-            buffer = np.empty(columns * input_dim, block.dtype)
+            buffer = np.empty(min(columns, units) * input_dim, block.dtype)
         scores = buffer[:block.size]
         np.abs(block, out=scores.reshape(block.shape))
         del block
