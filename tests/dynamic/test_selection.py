@@ -35,6 +35,20 @@ def test_kept_after_drop_drops_smallest_magnitudes_smaller_key_first():
     assert selection.kept_after_drop(values, 3).tolist() == [0, 3, 4]
 
 
+@pytest.mark.parametrize("zeros", [0.0, 0.6], ids=["distinct", "many-ties"])
+@pytest.mark.parametrize("n_drop", [0, 1, 30_000, 199_999, 200_000])
+def test_split_by_magnitude_equals_a_full_sort(zeros, n_drop):
+    # Over 65,536 values the drop filters with a sampled bound: the split must
+    # still be the full stable sort's (smallest magnitudes, smaller index first).
+    rng = np.random.default_rng(n_drop)
+    values = rng.standard_normal(200_000).astype(np.float32)
+    values[rng.random(values.size) < zeros] = 0
+    order = np.argsort(np.abs(values), kind="stable")
+    kept, dropped = selection.split_by_magnitude(values, n_drop)
+    assert dropped.tolist() == np.sort(order[:n_drop]).tolist()
+    assert kept.tolist() == np.sort(order[n_drop:]).tolist()
+
+
 def test_kept_after_drop_rejects_non_finite_values():
     with pytest.raises(ValueError, match="non-finite"):
         selection.kept_after_drop([1.0, np.nan], 1)
@@ -66,6 +80,24 @@ def test_random_free_keys_refuses_more_than_free():
 def test_new_order_maps_kept_keys_and_marks_new_ones():
     assert selection.new_order(np.array([2, 4, 9]), np.array([0, 4, 9, 12])).tolist() == [
         -1, 1, 2, -1]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_merge_kept_and_grown_equals_sorting_and_new_order(seed):
+    rng = np.random.default_rng(seed)
+    old_keys = np.sort(rng.choice(5000, 800, replace=False))
+    dropping = rng.random(800) < 0.3
+    kept, dropped = np.flatnonzero(~dropping), np.flatnonzero(dropping)
+    free = np.setdiff1d(np.arange(5000), old_keys[kept])
+    # Half regrow just-dropped positions (they keep their index), half are new.
+    grown = np.sort(np.concatenate([
+        rng.choice(old_keys[dropped], dropped.size // 2, replace=False),
+        rng.choice(np.setdiff1d(free, old_keys), dropped.size - dropped.size // 2,
+                   replace=False)]))
+    keys, source = selection.merge_kept_and_grown(old_keys, kept, dropped, grown)
+    expected = np.sort(np.concatenate([old_keys[kept], grown]))
+    assert keys.tolist() == expected.tolist()
+    assert source.tolist() == selection.new_order(old_keys, expected).tolist()
 
 
 @pytest.mark.parametrize("zeros", [0.0, 0.6, 1.0], ids=["distinct", "many-ties", "all-tied"])

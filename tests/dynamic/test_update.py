@@ -122,3 +122,26 @@ def test_grow_never_picks_an_active_position_even_with_zero_gradient():
     # All scores tie at 0: the smallest free keys grow.
     free = np.setdiff1d(np.arange(INPUT_DIM * UNITS), keys)
     np.testing.assert_array_equal(grown, free[:10])
+
+
+def test_an_agreed_pattern_from_another_rank_moves_values_and_slots_by_key():
+    # Under Horovod, rank 0's keys replace this rank's choice: the state must
+    # follow the agreed keys (kept keys keep theirs, the others start at 0).
+    model, layer, _, _ = _trained_model(4)
+    keys, values = _layer_keys(layer), layer.values.numpy()
+    slots = [s.numpy() for s in _state(model, layer)]
+    total = INPUT_DIM * UNITS
+    rng = np.random.default_rng(5)
+    agreed = np.sort(np.concatenate([
+        rng.choice(keys, keys.size - 4, replace=False),
+        rng.choice(np.setdiff1d(np.arange(total), keys), 4, replace=False)]))
+    local = np.random.default_rng(6)
+    new = drop_and_grow(
+        layer, 0.5, lambda taken, n: selection.random_free_keys(local, total, n, taken),
+        optimizer=model.optimizer, agree=lambda _: agreed)
+    np.testing.assert_array_equal(_layer_keys(layer), agreed)
+    at = np.searchsorted(keys, agreed).clip(max=keys.size - 1)
+    old = keys[at] == agreed
+    for moved, before in zip([layer.values, *_state(model, layer)], [values, *slots]):
+        np.testing.assert_array_equal(moved.numpy(), np.where(old, before[at], 0))
+    assert new == 4

@@ -93,6 +93,7 @@ def largest_gradient_keys(inputs, output_gradients, taken, count, block_elements
     block_elements = block_elements or DEFAULT_BLOCK_ELEMENTS
     columns = max(1, block_elements // input_dim)
     best = RunningTopK(count)
+    buffer = None  # the scores of every block, written in place: no allocation per block
     for start in range(0, units, columns):
         stop = min(units, start + columns)
         # (x^T dz)[:, start:stop] transposed: row j is column start + j, so
@@ -100,7 +101,11 @@ def largest_gradient_keys(inputs, output_gradients, taken, count, block_elements
         block = tf.matmul(output_gradients[:, start:stop], inputs, transpose_a=True)
         if average is not None:
             block = average(block, start)
-        scores = np.abs(block.numpy()).ravel()
+        block = np.asarray(block)  # a view of the tensor's memory, not a copy
+        if buffer is None:
+            buffer = np.empty(min(columns, units) * input_dim, block.dtype)
+        scores = buffer[:block.size]
+        np.abs(block, out=scores.reshape(block.shape))
         del block
         if not np.isfinite(scores.max()):  # the max is NaN or Inf if any score is
             raise ValueError("RigL's grow gradient has non-finite values (NaN or Inf).")
@@ -108,5 +113,4 @@ def largest_gradient_keys(inputs, output_gradients, taken, count, block_elements
         lo, hi = np.searchsorted(taken, [first, stop * input_dim])
         scores[taken[lo:hi] - first] = -np.inf  # never grow an active position
         best.add(scores, offset=first)
-        del scores
     return best.keys()

@@ -27,13 +27,26 @@ def kept_after_drop(values, n_drop):
       >>> kept_after_drop([0.5, -0.1, 0.1, 2.0], 2).tolist()
       [0, 3]
     """
+    return split_by_magnitude(values, n_drop)[0]
+
+
+def split_by_magnitude(values, n_drop):
+    """``(kept, dropped)``: sorted indices of the largest and the ``n_drop`` smallest magnitudes.
+
+    Among equal magnitudes the smaller index drops first.
+
+    Example:
+      >>> [part.tolist() for part in split_by_magnitude([0.5, -0.1, 0.1, 2.0], 2)]
+      [[0, 3], [1, 2]]
+    """
     magnitudes = np.abs(np.asarray(values))
     if magnitudes.size and not np.isfinite(magnitudes.max()):  # max is NaN if any is
         raise ValueError("Cannot drop weights by magnitude: the layer has non-finite values.")
-    # The largest magnitudes stay; among equal ones the larger key stays
-    # (top_k prefers smaller keys: negate them). Linear time, no full sort.
-    kept = top_k(magnitudes, magnitudes.size - int(n_drop), keys=-np.arange(magnitudes.size))
-    return np.sort(kept)
+    # The n_drop largest of -magnitude, smaller index first among equal ones:
+    # linear time, and a small selection (n_drop, not the kept majority).
+    dropping = np.zeros(magnitudes.size, bool)
+    dropping[top_k(-magnitudes, int(n_drop))] = True
+    return np.flatnonzero(~dropping), np.flatnonzero(dropping)
 
 
 def top_k(scores, k, keys=None):
@@ -158,3 +171,34 @@ def new_order(old_keys, new_keys):
     """
     at = np.minimum(np.searchsorted(old_keys, new_keys), old_keys.size - 1)
     return np.where(old_keys[at] == new_keys, at, -1)
+
+
+def merge_kept_and_grown(old_keys, kept, dropped, grown_keys):
+    """The new sorted keys and, for each, its index among ``old_keys`` or -1 if new.
+
+    Args:
+      old_keys: the sorted keys before the update.
+      kept: sorted indices into ``old_keys`` of the positions kept.
+      dropped: sorted indices into ``old_keys`` of the others (a grown key may
+        be one of them: it then keeps its index).
+      grown_keys: sorted keys grown, none of them kept.
+
+    Equals ``(keys, new_order(old_keys, keys))`` with ``keys`` the sorted
+    union, in linear time: a stable sort of two sorted runs is one merge.
+
+    Example:
+      >>> keys, source = merge_kept_and_grown(
+      ...     np.array([1, 4, 6]), np.array([0, 2]), np.array([1]), np.array([5]))
+      >>> keys.tolist(), source.tolist()
+      ([1, 5, 6], [0, -1, 2])
+    """
+    grown_keys = np.asarray(grown_keys, np.int64)
+    dropped_keys = old_keys[dropped]
+    grown_source = np.full(grown_keys.size, -1, np.int64)
+    if dropped_keys.size:
+        at = np.minimum(np.searchsorted(dropped_keys, grown_keys), dropped_keys.size - 1)
+        regrown = dropped_keys[at] == grown_keys
+        grown_source[regrown] = dropped[at[regrown]]
+    keys = np.concatenate([old_keys[kept], grown_keys])
+    order = np.argsort(keys, kind="stable")
+    return keys[order], np.concatenate([kept, grown_source])[order]

@@ -51,25 +51,28 @@ def drop_and_grow(layer, fraction, grow, optimizer=None, agree=None):
     if count == 0:
         return 0
     values = layer.values.numpy()
-    kept = old_keys[selection.kept_after_drop(values, count)]
-    new_keys = np.sort(np.concatenate([kept, np.asarray(grow(kept, count), np.int64)]))
+    kept, dropped = selection.split_by_magnitude(values, count)
+    new_keys, source = selection.merge_kept_and_grown(
+        old_keys, kept, dropped, grow(old_keys[kept], count))
     if agree is not None:
-        new_keys = np.asarray(agree(new_keys), np.int64)
+        agreed = np.asarray(agree(new_keys), np.int64)
+        if not np.array_equal(agreed, new_keys):  # another rank's choice
+            new_keys, source = agreed, selection.new_order(old_keys, agreed)
     if new_keys.size != nnz or np.any(np.diff(new_keys) <= 0):
         raise RuntimeError("A pattern update must keep nnz distinct positions.")
-    source = selection.new_order(old_keys, new_keys)
+    taken_from, new = np.maximum(source, 0), np.flatnonzero(source < 0)
 
-    def moved(array):
-        return np.where(source >= 0, array[np.maximum(source, 0)], 0).astype(array.dtype)
+    def moved(array):  # one gather, then zeros at the new positions
+        array = array[taken_from]
+        array[new] = 0
+        return array
 
     states = _optimizer_state.position_state(optimizer, layer.values)
-    layer.set_pattern(
-        SparsityPattern(new_keys % input_dim, new_keys // input_dim, (input_dim, layer.units)),
-        moved(values),
-    )
+    cols, rows = np.divmod(new_keys, input_dim)
+    layer.set_pattern(SparsityPattern(rows, cols, (input_dim, layer.units)), moved(values))
     for state in states:
         state.assign(moved(state.numpy()))
-    return int(np.sum(source < 0))
+    return int(new.size)
 
 
 def active_horovod():
