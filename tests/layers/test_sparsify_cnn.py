@@ -5,6 +5,7 @@ import pytest
 import tensorflow_model_optimization as tfmot
 
 from tfsparse._keras import keras
+from tfsparse.layers import CROSSOVER_DENSITY
 from tfsparse.layers import SparseConv2D
 from tfsparse.layers import SparseDense
 from tfsparse.layers import sparsify
@@ -68,7 +69,8 @@ def test_default_rule_converts_convolutions_below_the_crossover_only():
     assert report.converted == ("conv2", "logits")  # and Dense, as sparsify always did
     assert isinstance(sparse.get_layer("conv2"), SparseConv2D)
     assert type(sparse.get_layer("conv1")) is keras.layers.Conv2D
-    assert report["conv1"].reason == f"density {report['conv1'].density:.3f} > max_density 0.030"
+    assert report["conv1"].reason == (f"density {report['conv1'].density:.3f} > max_density "
+                                      f"{CROSSOVER_DENSITY['Conv2D']:.3f}")
     x = integer_inputs(model)
     np.testing.assert_array_equal(sparse.predict(x, verbose=0), model.predict(x, verbose=0))
 

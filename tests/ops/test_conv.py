@@ -82,6 +82,14 @@ def test_wide_layers_equal_dense_conv2d(use_kernel, strides, padding):
                                 (3, 3, 21, 18))
 
 
+@pytest.mark.parametrize("use_kernel", PATHS)
+def test_outputs_larger_than_the_caches_equal_dense_conv2d(use_kernel):
+    # 8 MiB outputs and input gradients: the compiled kernels store them past
+    # the caches (non-temporal stores) when they exceed 1 MiB per thread.
+    _check_against_dense_conv2d(use_kernel, _eager, 1, "same", 1, (128, 128), 4,
+                                (3, 3, 32, 32))
+
+
 def _check_against_dense_conv2d(use_kernel, compile_with, strides, padding, dilation, size,
                                 batch, kernel_shape):
     kh, kw, cin, filters = kernel_shape

@@ -15,16 +15,19 @@ from tfsparse.layers.sparse_conv import SparseConv2D
 from tfsparse.layers.sparse_dense import SparseDense
 
 # Where a SparseConv2D (compiled kernel) becomes faster than Conv2D
-# (TensorFlow's oneDNN path) for inference, by kernel density. Measured by
-#     python benchmarks/sparse_conv_speed.py --repeats 10
-# (3x3, 64 -> 64 channels, 32 x 32, stride 1, "same", batch 32, float32) on
-# the project's 2-core Intel Xeon (AVX-512), kernel variant avx512: Conv2D
-# took 1.09x SparseConv2D's inference time at 2% density and 0.88x at 5%
-# (ratio 1, linearly interpolated, at 3.3%); a training step pays from about
-# 5-8%. Strided and 1x1 layers did not pay at
-# 5%, nor did the 16- and 32-channel layers of benchmarks/sparse_resnet.py.
+# (TensorFlow's oneDNN path), by kernel density. Measured by
+#     python benchmarks/sparse_conv_speed.py --isa all --repeats 10
+# (3x3, 64 -> 64 channels, 32 x 32, stride 1, "same", batch 32, float32, at
+# 80/90/95/98% sparsity) on the project's 2-core Intel Xeon (AVX-512), loaded:
+# sparse inference was faster from 80% sparsity on avx512 and avx2 (1.20x and
+# 1.15x Conv2D at 80%) and from 90% on portable (0.71x at 80%); a training
+# step from 90% on every variant (0.79-0.98x at 80%, 1.16-1.45x at 90%).
+# 0.1 is the density that held for both on every variant. Strided and 1x1
+# layers paid less (1.2-1.3x and 0.8-1.0x at 95%), as did the 16- and
+# 32-channel layers of benchmarks/sparse_resnet.py (measured with the
+# previous kernel): the rule may convert layers there that do not pay.
 # Rerun the command after a kernel change and update the number.
-CONV2D_CROSSOVER_DENSITY = 0.03
+CONV2D_CROSSOVER_DENSITY = 0.1
 
 # Where SparseDense becomes faster than Dense (forward, batch 256):
 #     python benchmarks/fssl_crossover.py

@@ -30,7 +30,7 @@ def sparsify(model, max_density=None, *, measure=None, batch_size=32, report=Fal
     - by density (the default): its kernel's fraction of nonzeros is at most
       ``max_density`` for its kind. The default, ``DEFAULT_MAX_DENSITY``, is
       the measured crossover for ``Conv2D`` (``CONV2D_CROSSOVER_DENSITY``,
-      0.03 with the current kernel) and 1.0 for ``Dense`` (every Dense layer,
+      0.1 with the current kernel) and 1.0 for ``Dense`` (every Dense layer,
       as sparsify always did; ``CROSSOVER_DENSITY`` holds Dense's measured
       crossover, 0.3, for ``max_density=CROSSOVER_DENSITY``).
     - measured (``measure="inference"`` or ``"training"``), as SparseProp

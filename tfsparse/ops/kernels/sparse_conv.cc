@@ -32,6 +32,10 @@
 #include <string>
 #include <vector>
 
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+#endif
+
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -81,9 +85,10 @@ void RunFillPlanar(Isa isa, const T* src, int64_t height, int64_t width, const P
 
 template <typename T>
 void RunCorrelate(Isa isa, const T* planar, const ConvTerms<T>& terms, const T* bias,
-                  int64_t out_rows, int64_t out_width, int64_t row_step, T* tile, T* out) {
+                  int64_t out_rows, int64_t out_width, int64_t row_step, bool stream, T* tile,
+                  T* out) {
   TFSPARSE_DISPATCH(isa, Correlate<T>, planar, terms, bias, out_rows, out_width, row_step,
-                    tile, out);
+                    stream, tile, out);
 }
 
 template <typename T>
@@ -110,6 +115,10 @@ void ParallelUnits(OpKernelContext* ctx, int64_t units,
   const int64_t block = std::max<int64_t>(1, units / (4 * workers.num_threads));
   workers.workers->ParallelFor(units, thread::ThreadPool::SchedulingParams::Fixed(block), fn);
 }
+
+// About the cache (L2) a worker thread has to itself: outputs larger than
+// all workers' together are stored past the caches (StreamVec).
+constexpr int64_t kCacheBytesPerThread = int64_t{1} << 20;
 
 // An uninitialised scratch array (every user overwrites it first).
 template <typename T>
@@ -334,6 +343,10 @@ class ConvCall {
     const int64_t src_image = src_h * src_w * layout.channels;
     const int64_t out_image = out_h * out_w * terms.groups;
     const int64_t rows_per_out = row_step / layout.pitch;  // planar rows per output row
+    // An output larger than the workers' caches is written past them.
+    const auto& workers = *ctx->device()->tensorflow_cpu_worker_threads();
+    const bool stream = batch_ * out_image * static_cast<int64_t>(sizeof(T)) >
+                        kCacheBytesPerThread * workers.num_threads;
     ParallelUnits(ctx, batch_ * bands, [&](int64_t begin, int64_t end) {
             auto planar = Scratch<T>(layout.Size() + 2 * lanes);
             auto tile = Scratch<T>(tile_size);
@@ -344,7 +357,7 @@ class ConvCall {
               here.row0 = first * rows_per_out;
               RunFillPlanar<T>(isa_, src + b * src_image, src_h, src_w, here, layout,
                                planar.get());
-              RunCorrelate<T>(isa_, planar.get(), terms, bias, rows, out_w, row_step,
+              RunCorrelate<T>(isa_, planar.get(), terms, bias, rows, out_w, row_step, stream,
                               tile.get(), out + b * out_image + first * out_w * terms.groups);
             }
     });
