@@ -1,4 +1,4 @@
-"""DynamicSparsity: SET and RigL drop-and-grow updates of SparseDense layers in fit."""
+"""DynamicSparsity: SET and RigL drop-and-grow updates of SparseDense and SparseConv2D layers."""
 
 import numbers
 import time
@@ -12,13 +12,15 @@ from tfsparse._validation import invalid_value as _invalid
 from tfsparse.dynamic import selection
 from tfsparse.dynamic.update import active_horovod
 from tfsparse.dynamic.update import horovod_agreement
+from tfsparse.dynamic.update import matrix_shape
+from tfsparse.layers import SparseConv2D
 from tfsparse.layers import SparseDense
 
 METHODS = ("rigl", "set")
 
 
 class DynamicSparsity(keras.callbacks.Callback):
-    """Moves the nonzeros of SparseDense layers during training: SET or RigL.
+    """Moves the nonzeros of SparseDense and SparseConv2D layers in training: SET or RigL.
 
     Every ``update_every`` optimizer steps, until ``end_step``, each layer
     drops the ``f(t) * nnz`` weights of smallest magnitude and grows as many
@@ -31,6 +33,11 @@ class DynamicSparsity(keras.callbacks.Callback):
     nonzeros only all along: the dense gradient RigL needs is formed
     ``block_elements`` entries at a time at update steps only.
 
+    A ``SparseConv2D``'s pattern over its im2col kernel ``(kh * kw * cin,
+    filters)`` moves the same way; RigL scores it with the dense kernel
+    gradient ``Conv2DBackpropFilter(x, dz)`` (the layer's strides, padding
+    and dilations), formed whole: it has the size of the dense kernel.
+
     RigL's gradient is the one the update step itself computes: the step's
     own batch, its loss (the compiled loss with sample weights, or what a
     custom ``train_step`` differentiates) and the weights before the
@@ -38,7 +45,7 @@ class DynamicSparsity(keras.callbacks.Callback):
     each layer's inputs and output gradient of that step
     (``tfsparse.dynamic.StepGradients``, which wraps the model's
     ``train_step`` during ``fit`` and restores it at the end), and forms
-    ``x^T dz`` after the step. Every choice depends only on ``seed``, the
+    ``x^T dz`` (or its convolution) after the step. Every choice depends only on ``seed``, the
     step (``optimizer.iterations``), the step's batch and the model's state,
     so ``keras.callbacks.BackupAndRestore`` resumes bit-identically: the
     pattern is in the layers' weights.
@@ -61,7 +68,8 @@ class DynamicSparsity(keras.callbacks.Callback):
       decay: "cosine" (RigL), "constant" or "linear".
       end_step: last update step: an int >= 1, or a float in (0, 1], the
         fraction of the training steps (RigL: 0.75).
-      layers: the SparseDense layers (or their names) to update; None for all.
+      layers: the SparseDense and SparseConv2D layers (or their names) to
+        update; None for all.
       seed: int, seeds SET's growth.
       block_elements: int, the most dense-gradient entries formed at once.
       verbose: 0 or 1 (1 prints each update).
@@ -184,11 +192,14 @@ class DynamicSparsity(keras.callbacks.Callback):
                   f"in {seconds:.3f} s")
 
     def _grower(self, step, index, layer, gradients, average):
-        total = layer.input_dim * layer.units
         if self.method == "set":
+            total = int(np.prod(matrix_shape(layer)))
             rng = np.random.default_rng([self.seed, step, index])
             return lambda taken, count: selection.random_free_keys(rng, total, count, taken)
         inputs, output_gradients = gradients[index]
+        if isinstance(layer, SparseConv2D):
+            return lambda taken, count: dynamic.largest_conv_gradient_keys(
+                layer, inputs, output_gradients, taken, count, average)
         return lambda taken, count: dynamic.largest_gradient_keys(
             inputs, output_gradients, taken, count, self.block_elements, average)
 
@@ -206,16 +217,18 @@ class DynamicSparsity(keras.callbacks.Callback):
 
     def _resolve_layers(self):
         _refuse_distributed(self.model)
-        found = [layer for layer in self.model.submodules if isinstance(layer, SparseDense)]
+        found = [layer for layer in self.model.submodules
+                 if isinstance(layer, (SparseDense, SparseConv2D))]
         if self.layer_selection is not None:
             wanted = [getattr(item, "name", item) for item in self.layer_selection]
             unknown = sorted(set(wanted) - {layer.name for layer in found})
             if unknown:
-                raise _invalid("layers", "SparseDense layers of the model (or their names)",
-                               unknown)
+                raise _invalid("layers", "SparseDense or SparseConv2D layers of the model "
+                               "(or their names)", unknown)
             found = [layer for layer in found if layer.name in wanted]
         if not found:
-            raise ValueError("DynamicSparsity found no SparseDense layer in the model.")
+            raise ValueError(
+                "DynamicSparsity found no SparseDense or SparseConv2D layer in the model.")
         return found
 
 

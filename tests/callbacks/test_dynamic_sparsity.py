@@ -11,16 +11,19 @@ from callbacks import DynamicSparsity
 from tfsparse._keras import keras
 from tfsparse.dynamic import drop_fraction_at
 from tfsparse.dynamic import selection
+from tfsparse.layers import SparseConv2D
 from tfsparse.layers import SparseDense
 
 sys.path.insert(0, str(pathlib.Path(__file__).parents[1] / "layers"))
 sys.path.insert(0, str(pathlib.Path(__file__).parents[1] / "dynamic"))
 from layer_contract import serve_in_fresh_process  # noqa: E402
+from rigl_reference import conv_patches  # noqa: E402
 from rigl_reference import reference_update  # noqa: E402
 
 RNG = np.random.default_rng(0)
 X = RNG.standard_normal((64, 12)).astype(np.float32)
 Y = (X[:, :3] @ RNG.standard_normal((3, 4))).astype(np.float32)
+IMAGES = RNG.standard_normal((64, 8, 8, 2)).astype(np.float32)  # the CNN's inputs, Y its targets
 
 
 def _model(seed=0, optimizer="adam"):
@@ -34,8 +37,24 @@ def _model(seed=0, optimizer="adam"):
     return model
 
 
+def _cnn(seed=0):
+    """SparseConv2D (same) -> SparseConv2D (stride 2, dilation-free valid) -> SparseDense."""
+    keras.utils.set_random_seed(seed)
+    model = keras.Sequential([
+        keras.Input((8, 8, 2)),
+        SparseConv2D(6, 3, padding="same", density=0.3, seed=seed, activation="relu",
+                     name="conv1"),
+        SparseConv2D(4, 3, strides=2, density=0.3, seed=seed + 1, activation="relu",
+                     name="conv2"),
+        keras.layers.Flatten(),
+        SparseDense(4, density=0.3, seed=seed + 2, name="out"),
+    ])
+    model.compile("adam", "mse")
+    return model
+
+
 def _patterns(model):
-    return [layer.pattern for layer in model.layers]
+    return [layer.pattern for layer in model.layers if hasattr(layer, "pattern")]
 
 
 @pytest.mark.parametrize("method", ["rigl", "set"])
@@ -191,7 +210,7 @@ def test_layers_argument_limits_the_update():
     assert list(callback.updates[0]["moved"]) == ["hidden"]
 
 
-def _fit_with_backup(model, backup_dir, epochs, stop_after=None):
+def _fit_with_backup(model, backup_dir, epochs, stop_after=None, x=X):
     class Interrupt(keras.callbacks.Callback):
         def on_epoch_end(self, epoch, logs=None):
             if stop_after is not None and epoch + 1 == stop_after:
@@ -199,18 +218,19 @@ def _fit_with_backup(model, backup_dir, epochs, stop_after=None):
 
     callbacks = [DynamicSparsity("rigl", update_every=5, seed=2),
                  keras.callbacks.BackupAndRestore(str(backup_dir)), Interrupt()]
-    model.fit(X, Y, batch_size=8, epochs=epochs, verbose=0, shuffle=False,
+    model.fit(x, Y, batch_size=8, epochs=epochs, verbose=0, shuffle=False,
               callbacks=callbacks)
 
 
-def test_backup_and_restore_resumes_bit_identically(tmp_path):
-    uninterrupted = _model(seed=3)
-    _fit_with_backup(uninterrupted, tmp_path / "a", epochs=4)
-    interrupted = _model(seed=3)
+@pytest.mark.parametrize("build, x", [(_model, X), (_cnn, IMAGES)], ids=["mlp", "cnn"])
+def test_backup_and_restore_resumes_bit_identically(tmp_path, build, x):
+    uninterrupted = build(seed=3)
+    _fit_with_backup(uninterrupted, tmp_path / "a", epochs=4, x=x)
+    interrupted = build(seed=3)
     with pytest.raises(RuntimeError, match="interrupted"):
-        _fit_with_backup(interrupted, tmp_path / "b", epochs=4, stop_after=2)
-    resumed = _model(seed=3)  # a new process would build the model anew
-    _fit_with_backup(resumed, tmp_path / "b", epochs=4)
+        _fit_with_backup(interrupted, tmp_path / "b", epochs=4, stop_after=2, x=x)
+    resumed = build(seed=3)  # a new process would build the model anew
+    _fit_with_backup(resumed, tmp_path / "b", epochs=4, x=x)
     assert _patterns(resumed) == _patterns(uninterrupted)
     for a, b in zip(resumed.get_weights(), uninterrupted.get_weights()):
         np.testing.assert_array_equal(a, b)
@@ -259,6 +279,101 @@ def test_invalid_arguments_are_all_reported():
     ]
 
 
+class _Invariants(keras.callbacks.Callback):
+    """Listed after DynamicSparsity: checks every layer's pattern after every step."""
+
+    def __init__(self, layers):
+        super().__init__()
+        self.layers, self.moves = layers, 0
+
+    def on_train_begin(self, logs=None):
+        self.nnz = [layer.nnz for layer in self.layers]
+        self.last = _keys_of(self.layers)
+
+    def on_train_batch_end(self, batch, logs=None):
+        keys = _keys_of(self.layers)
+        for layer, nnz, layer_keys in zip(self.layers, self.nnz, keys):
+            assert layer.nnz == nnz and layer_keys.size == nnz
+            assert np.all(np.diff(layer_keys) > 0)  # column-major sorted, no repeats
+            assert layer_keys[-1] < np.prod(layer.pattern.shape)
+        self.moves += sum(not np.array_equal(a, b) for a, b in zip(self.last, keys))
+        self.last = keys
+
+
+def _keys_of(layers):
+    return [selection.keys_of(layer.pattern_rows.numpy(), layer.pattern_cols.numpy(),
+                              layer.pattern.shape[0]) for layer in layers]
+
+
+def _cnn_outputs(model, x):
+    """The CNN in NumPy from the layers' current sparse kernels."""
+    conv1, conv2, _, out = model.layers
+    hidden = np.maximum(np.einsum("bhwijc,ijcf->bhwf", conv_patches(
+        x, (3, 3), (1, 1), "same", (1, 1)), conv1.to_dense()) + conv1.bias.numpy(), 0)
+    hidden = np.maximum(np.einsum("bhwijc,ijcf->bhwf", conv_patches(
+        hidden, (3, 3), (2, 2), "valid", (1, 1)), conv2.to_dense()) + conv2.bias.numpy(), 0)
+    return hidden.reshape(len(x), -1) @ out.to_scipy().toarray() + out.bias.numpy()
+
+
+@pytest.mark.parametrize("method", ["rigl", "set"])
+def test_conv_and_dense_patterns_move_and_stay_valid_in_fit(method):
+    model = _cnn()
+    layers = [model.layers[i] for i in (0, 1, 3)]
+    invariants = _Invariants(layers)
+    callback = DynamicSparsity(method, update_every=2, drop_fraction=0.5, seed=1)
+    model.fit(IMAGES, Y, batch_size=8, epochs=2, verbose=0, callbacks=[callback, invariants])
+    assert [u["step"] for u in callback.updates] == [2, 4, 6, 8, 10]
+    assert sorted(callback.updates[0]["moved"]) == ["conv1", "conv2", "out"]
+    assert all(update["moved"]["conv1"] > 0 for update in callback.updates)
+    assert invariants.moves >= 3 * len(callback.updates) - 1
+    # The kernels compute with the moved patterns. float32 sums of <= 54 O(1)
+    # products per layer, three layers: 1e-4 absolute is far above rounding.
+    np.testing.assert_allclose(model.predict(IMAGES, verbose=0), _cnn_outputs(model, IMAGES),
+                               atol=1e-4)
+
+
+def test_rigl_grows_a_conv_where_the_step_gradient_is_largest():
+    keras.utils.set_random_seed(0)
+    layer = SparseConv2D(3, 3, strides=2, padding="same", dilation_rate=1, density=0.3,
+                         seed=3, name="conv")
+    model = keras.Sequential([keras.Input((8, 8, 2)), layer, keras.layers.Flatten()])
+    model.compile(keras.optimizers.SGD(0.0), "mse")  # lr 0: the kernel stays the initial one
+    keys, values = _keys_of([layer])[0], layer.values.numpy()
+    y = np.random.default_rng(1).standard_normal((64, 48)).astype(np.float32)
+    rigl = DynamicSparsity("rigl", update_every=2, drop_fraction=0.5, decay="constant",
+                           end_step=3)
+    model.fit(IMAGES, y, batch_size=8, epochs=1, verbose=0, shuffle=False, callbacks=[rigl])
+    assert [u["step"] for u in rigl.updates] == [2]
+    # mse's gradient on the step's batch (the second), by direct correlation in float64.
+    x, target = IMAGES[8:16].astype(np.float64), y[8:16]
+    patches = conv_patches(x, (3, 3), (2, 2), "same", (1, 1))
+    kernel = np.zeros(9 * 2 * 3)
+    kernel[keys] = values
+    kernel = kernel.reshape(3, 9 * 2).T.reshape(3, 3, 2, 3)
+    z = np.einsum("bhwijc,ijcf->bhwf", patches, kernel) + layer.bias.numpy()
+    dz = 2 * (z - target.reshape(z.shape)) / z.size
+    gradient = np.einsum("bhwijc,bhwf->ijcf", patches, dz).reshape(-1, 3)
+    expected = reference_update(keys, values, [], np.abs(gradient.T.ravel()),
+                                int(0.5 * layer.nnz), gradient.size)[0]
+    np.testing.assert_array_equal(_keys_of([layer])[0], expected)
+    assert "train_step" not in vars(model) and layer._gradient_probe is None
+
+
+@pytest.mark.parametrize("method", ["rigl", "set"])
+def test_moved_conv_pattern_survives_keras_format_and_clone(tmp_path, method):
+    model = _cnn()
+    model.fit(IMAGES, Y, batch_size=8, epochs=1, verbose=0, callbacks=[
+        DynamicSparsity(method, update_every=2, drop_fraction=0.5, seed=0)])
+    moved = _patterns(model)
+    assert moved[0] != _patterns(_cnn())[0] and moved[1] != _patterns(_cnn())[1]
+    expected = model.predict(IMAGES, verbose=0)
+    model.save(tmp_path / "model.keras")
+    loaded = keras.models.load_model(tmp_path / "model.keras")
+    assert _patterns(loaded) == moved
+    np.testing.assert_array_equal(loaded.predict(IMAGES, verbose=0), expected)
+    assert _patterns(keras.models.clone_model(model)) == moved
+
+
 def test_misuse_is_refused_with_a_clear_error():
     model = _model()
     with pytest.raises(ValueError, match='"layers"'):
@@ -266,7 +381,7 @@ def test_misuse_is_refused_with_a_clear_error():
                   callbacks=[DynamicSparsity("set", layers=["nope"])])
     dense = keras.Sequential([keras.Input((12,)), keras.layers.Dense(4)])
     dense.compile("adam", "mse")
-    with pytest.raises(ValueError, match="no SparseDense layer"):
+    with pytest.raises(ValueError, match="no SparseDense or SparseConv2D layer"):
         dense.fit(X, Y, epochs=1, verbose=0, callbacks=[DynamicSparsity("set")])
     model.compile("adam", "mse", jit_compile=True)
     with pytest.raises(ValueError, match="jit_compile=False"):

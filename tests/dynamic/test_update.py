@@ -6,11 +6,15 @@ import tensorflow as tf
 
 from tfsparse._keras import keras
 from tfsparse.dynamic import drop_and_grow
+from tfsparse.dynamic import largest_conv_gradient_keys
 from tfsparse.dynamic import largest_gradient_keys
 from tfsparse.dynamic import layer_gradients
 from tfsparse.dynamic import selection
+from tfsparse.layers import SparseConv2D
 from tfsparse.layers import SparseDense
+from tfsparse.ops import SparsityPattern
 
+from rigl_reference import conv_patches
 from rigl_reference import reference_update
 
 INPUT_DIM, UNITS, BATCH = 9, 6, 5
@@ -145,3 +149,94 @@ def test_an_agreed_pattern_from_another_rank_moves_values_and_slots_by_key():
     for moved, before in zip([layer.values, *_state(model, layer)], [values, *slots]):
         np.testing.assert_array_equal(moved.numpy(), np.where(old, before[at], 0))
     assert new == 4
+
+
+# ---------------------------------------------------------------- SparseConv2D
+CONV_INPUT, CONV_FILTERS = (BATCH, 7, 6, 3), 4
+
+
+def _trained_conv_model(seed, strides=(1, 1), padding="valid", dilation=(1, 1)):
+    """One SparseConv2D layer after two Adam steps (so slots are nonzero)."""
+    keras.utils.set_random_seed(seed)
+    layer = SparseConv2D(CONV_FILTERS, (3, 2), strides=strides, padding=padding,
+                         dilation_rate=dilation, density=0.3, seed=seed)
+    model = keras.Sequential([keras.Input(CONV_INPUT[1:]), layer])
+    model.compile(keras.optimizers.Adam(0.01), "mse")
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(CONV_INPUT).astype(np.float32)
+    y = rng.standard_normal(model.output_shape[1:]).astype(np.float32)[None].repeat(BATCH, 0)
+    model.fit(x, y, batch_size=BATCH, epochs=2, verbose=0)
+    return model, layer, x, y
+
+
+def _conv_keys(layer):
+    return selection.keys_of(layer.pattern.rows, layer.pattern.cols, layer.im2col_shape[0])
+
+
+@pytest.mark.parametrize("strides, padding, dilation", [
+    ((1, 1), "valid", (1, 1)), ((2, 1), "same", (1, 1)), ((1, 1), "same", (2, 2))])
+def test_one_rigl_update_of_a_conv_matches_numpy(strides, padding, dilation):
+    model, layer, x, y = _trained_conv_model(5, strides, padding, dilation)
+    keys, values = _conv_keys(layer), layer.values.numpy()
+    slots = [s.numpy() for s in _state(model, layer)]
+    assert all(np.any(s != 0) for s in slots)
+    # The dense gradient by direct correlation in float64: z = patches . K + b,
+    # mse's d/dz = 2 (z - y) / size, d/dK = sum over batch and pixels of patches * dz.
+    patches = conv_patches(x.astype(np.float64), layer.kernel_size, strides, padding, dilation)
+    z = np.einsum("bhwijc,ijcf->bhwf", patches, layer.to_dense()) + layer.bias.numpy()
+    dz = 2 * (z - y) / z.size
+    gradient = np.einsum("bhwijc,bhwf->ijcf", patches, dz).reshape(-1, CONV_FILTERS)
+    rows = gradient.shape[0]
+    count = int(0.4 * layer.nnz)
+    expected = reference_update(keys, values, slots, np.abs(gradient.T.ravel()), count,
+                                rows * CONV_FILTERS)
+
+    (inputs, output_gradients), = layer_gradients(model, [layer], x, y)
+    # float32 sums of <= 6 * 3 O(1) products: 1e-5 relative is ~100 ulps.
+    np.testing.assert_allclose(output_gradients.numpy(), dz, rtol=1e-5, atol=1e-7)
+
+    def grow(taken, n):
+        return largest_conv_gradient_keys(layer, inputs, output_gradients, taken, n)
+
+    new = drop_and_grow(layer, 0.4, grow, optimizer=model.optimizer)
+    np.testing.assert_array_equal(_conv_keys(layer), expected[0])
+    np.testing.assert_array_equal(layer.values.numpy(), expected[1].astype(np.float32))
+    for slot, reference in zip(_state(model, layer), expected[2]):
+        np.testing.assert_array_equal(slot.numpy(), reference.astype(np.float32))
+    assert new == int(np.sum(~np.isin(expected[0], keys)))
+
+
+def test_one_set_update_of_a_conv_matches_numpy_and_computes_with_the_new_pattern():
+    model, layer, x, _ = _trained_conv_model(6, padding="same")
+    keys, values = _conv_keys(layer), layer.values.numpy()
+    slots = [s.numpy() for s in _state(model, layer)]
+    total = int(np.prod(layer.im2col_shape))
+    count = int(0.5 * layer.nnz)
+    kept = np.sort(keys[np.lexsort((keys, np.abs(values)))[count:]])
+    drawn = selection.random_free_keys(np.random.default_rng(3), total, count, kept)
+    expected = reference_update(keys, values, slots, np.isin(np.arange(total), drawn), count,
+                                total)
+
+    rng = np.random.default_rng(3)
+    drop_and_grow(layer, 0.5, lambda taken, n: selection.random_free_keys(rng, total, n, taken),
+                  optimizer=model.optimizer)
+    np.testing.assert_array_equal(_conv_keys(layer), expected[0])
+    np.testing.assert_array_equal(layer.values.numpy(), expected[1].astype(np.float32))
+    for slot, reference in zip(_state(model, layer), expected[2]):
+        np.testing.assert_array_equal(slot.numpy(), reference.astype(np.float32))
+    # Grown weights are 0: train a step so they are not, then the conv kernels
+    # must compute with the moved pattern.
+    model.train_on_batch(x, np.zeros(model.output_shape[1:], "float32")[None].repeat(BATCH, 0))
+    patches = conv_patches(x, layer.kernel_size, (1, 1), "same", (1, 1))
+    expected_outputs = np.einsum("bhwijc,ijcf->bhwf", patches, layer.to_dense()) + layer.bias
+    # float32 sums of <= 18 O(1) products: 1e-5 absolute is ~100 ulps.
+    np.testing.assert_allclose(model.predict(x, verbose=0), expected_outputs, atol=1e-5)
+
+
+def test_conv_set_pattern_validates_the_pattern():
+    _, layer, _, _ = _trained_conv_model(7)
+    rows, filters = layer.im2col_shape
+    with pytest.raises(ValueError, match=r'"pattern".*with %d nonzeros' % layer.nnz):
+        layer.set_pattern(SparsityPattern.from_coo([0], [0], (rows, filters)), [1.0])
+    with pytest.raises(ValueError, match='"pattern", expected a tfsparse.ops.SparsityPattern'):
+        layer.set_pattern(np.ones((rows, filters)), np.ones(layer.nnz))

@@ -9,6 +9,7 @@ Example:
     0.2561
 """
 
+from tfsparse.dynamic.gradient import largest_conv_gradient_keys
 from tfsparse.dynamic.gradient import largest_gradient_keys
 from tfsparse.dynamic.gradient import layer_gradients
 from tfsparse.dynamic.schedule import drop_fraction_at
@@ -21,6 +22,7 @@ __all__ = [
     "drop_and_grow",
     "drop_fraction_at",
     "erk_densities",
+    "largest_conv_gradient_keys",
     "largest_gradient_keys",
     "layer_gradients",
 ]

@@ -3,7 +3,10 @@
 For a layer ``z = x @ W + b`` the loss gradient with respect to the dense
 kernel is ``x^T @ dz``, an ``input_dim x units`` matrix that is never stored
 whole: it is formed ``block_elements`` entries at a time, its magnitudes
-offered to a running top-k, and freed.
+offered to a running top-k, and freed. A ``SparseConv2D``'s dense kernel
+gradient (``Conv2DBackpropFilter``) is formed whole: ``kh * kw * cin *
+filters`` floats, no more than the layer's dense kernel, small beside its
+activations.
 """
 
 import numpy as np
@@ -25,7 +28,9 @@ def layer_gradients(model, layers, x, y, loss=None):
     takes the training step's own (``StepGradients``) and needs no extra pass.
 
     Returns:
-      A list of ``(inputs [batch, input_dim], d loss / d z [batch, units])``.
+      A list of ``(inputs, d loss / d z)``: ``[batch, input_dim]`` and
+      ``[batch, units]`` for a SparseDense, ``[batch, h, w, cin]`` and
+      ``[batch, out_h, out_w, filters]`` for a SparseConv2D.
     """
     loss_fn = keras.losses.get(loss if loss is not None else _compiled_loss(model))
     records = {}
@@ -107,10 +112,62 @@ def largest_gradient_keys(inputs, output_gradients, taken, count, block_elements
         scores = buffer[:block.size]
         np.abs(block, out=scores.reshape(block.shape))
         del block
-        if not np.isfinite(scores.max()):  # the max is NaN or Inf if any score is
-            raise ValueError("RigL's grow gradient has non-finite values (NaN or Inf).")
-        first = start * input_dim
-        lo, hi = np.searchsorted(taken, [first, stop * input_dim])
-        scores[taken[lo:hi] - first] = -np.inf  # never grow an active position
-        best.add(scores, offset=first)
+        _offer(best, scores, start * input_dim, taken)
     return best.keys()
+
+
+def largest_conv_gradient_keys(layer, inputs, output_gradients, taken, count, average=None):
+    """The ``count`` free positions of a SparseConv2D where the kernel gradient is largest.
+
+    The dense kernel gradient ``Conv2DBackpropFilter(inputs, output_gradients)``
+    with the layer's strides, padding and dilations, as its im2col matrix
+    ``(kh * kw * cin, filters)``; formed whole (the size of a dense kernel).
+
+    Args:
+      layer: the built ``SparseConv2D``.
+      inputs: ``[batch, h, w, cin]`` float tensor, the layer's inputs.
+      output_gradients: ``[batch, out_h, out_w, filters]``, the loss gradient
+        with respect to its pre-activation outputs.
+      taken, count, average: as ``largest_gradient_keys`` (``average`` gets
+        the whole gradient, start column 0).
+
+    Returns:
+      The chosen keys (``col * kh * kw * cin + row``), sorted (ties: smaller key first).
+
+    Example:
+      >>> import numpy as np
+      >>> from tfsparse.layers import SparseConv2D
+      >>> layer = SparseConv2D(1, 1, pattern=np.array([[[[1.0], [0.0]]]]))
+      >>> x = np.array([[[[1.0, -2.0]]]], "float32")     # one pixel, cin 2
+      >>> _ = layer(x)
+      >>> dz = np.array([[[[3.0]]]], "float32")          # |gradient| = [3, 6]
+      >>> largest_conv_gradient_keys(layer, x, dz, taken=np.array([0]), count=1).tolist()
+      [1]
+    """
+    kh, kw = layer.kernel_size
+    inputs = tf.convert_to_tensor(inputs)
+    gradient = tf.raw_ops.Conv2DBackpropFilter(
+        input=inputs, filter_sizes=[kh, kw, int(inputs.shape[-1]), layer.filters],
+        out_backprop=tf.cast(output_gradients, inputs.dtype),
+        strides=[1, *layer.strides, 1], padding=layer.padding.upper(),
+        dilations=[1, *layer.dilation_rate, 1])
+    # (kh, kw, cin, filters) -> im2col (kh * kw * cin, filters), transposed so
+    # the C-order flattening follows the keys col * rows + row.
+    block = tf.transpose(tf.reshape(gradient, [-1, layer.filters]))
+    if average is not None:
+        block = average(block, 0)
+    best = RunningTopK(count)
+    _offer(best, np.abs(np.asarray(block)).reshape(-1), 0, taken)
+    return best.keys()
+
+
+def _offer(best, scores, first, taken):
+    """Offers ``scores`` of keys ``first, first + 1, ...`` to ``best``, the taken ones excluded.
+
+    Overwrites the taken keys' scores with ``-inf``.
+    """
+    if not np.isfinite(scores.max()):  # the max is NaN or Inf if any score is
+        raise ValueError("RigL's grow gradient has non-finite values (NaN or Inf).")
+    lo, hi = np.searchsorted(taken, [first, first + scores.size])
+    scores[taken[lo:hi] - first] = -np.inf  # never grow an active position
+    best.add(scores, offset=first)

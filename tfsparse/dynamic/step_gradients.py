@@ -5,7 +5,8 @@ scores inactive positions with the dense kernel gradient of the current
 batch, which the training step computes anyway before the optimizer applies
 it. For a layer ``z = x @ W + b`` that gradient is ``x^T @ dz``: the
 layer's 2-D inputs ``x`` and the loss gradient ``dz`` with respect to its
-pre-activation outputs are all it takes. ``StepGradients`` keeps them, at
+pre-activation outputs are all it takes; for a ``SparseConv2D`` the same
+pair (4-D, channels last) gives it by ``Conv2DBackpropFilter``. ``StepGradients`` keeps them, at
 armed steps, in variables the update reads after the step:
 
 - ``install(model)`` wraps the model's ``train_step`` (the user's own, if
@@ -48,7 +49,7 @@ class StepGradients:
     """Each layer's inputs and output gradient at the armed training steps.
 
     Args:
-      layers: the SparseDense layers whose gradients to keep.
+      layers: the built SparseDense and SparseConv2D layers whose gradients to keep.
     """
 
     def __init__(self, layers):
@@ -60,9 +61,9 @@ class StepGradients:
         self._inputs, self._gradients, self._counts = [], [], []
         for layer in self.layers:
             dtype = tf.as_dtype(layer.dtype)  # the variables' dtype (float32 under mixed precision)
-            for store, width in ((self._inputs, layer.input_dim), (self._gradients, layer.units)):
-                store.append(tf.Variable(tf.zeros([0, width], dtype), trainable=False,
-                                         shape=tf.TensorShape([None, width])))
+            for store, shape in zip((self._inputs, self._gradients), _captured_shapes(layer)):
+                store.append(tf.Variable(tf.zeros([0 if d is None else d for d in shape], dtype),
+                                         trainable=False, shape=tf.TensorShape(shape)))
             self._counts.append(tf.Variable(0, dtype=tf.int64, trainable=False))
 
     # ------------------------------------------------------------ the model
@@ -140,7 +141,7 @@ class StepGradients:
                 for x, dz in zip(self._inputs, self._gradients)]
 
     def _probe(self, layer, inputs, outputs):
-        """SparseDense.call's hook: an identity that keeps ``(inputs, dz)`` when armed."""
+        """SparseDense.call's and SparseConv2D.call's hook: an identity that keeps ``(inputs, dz)`` when armed."""
         if not self._tracing:
             return outputs
         index = self._index[id(layer)]
@@ -164,6 +165,15 @@ class StepGradients:
             return tf.identity(z), gradient_function
 
         return identity(outputs)
+
+
+def _captured_shapes(layer):
+    """The shapes of a layer's kept inputs and output gradient (None: any size)."""
+    from tfsparse.layers import SparseConv2D
+
+    if isinstance(layer, SparseConv2D):
+        return [None, None, None, layer.input_channels], [None, None, None, layer.filters]
+    return [None, layer.input_dim], [None, layer.units]
 
 
 def _restore(model, wrapper):

@@ -1,4 +1,4 @@
-"""One drop-and-grow update of a SparseDense layer, with its optimizer state."""
+"""One drop-and-grow update of a SparseDense or SparseConv2D layer, with its optimizer state."""
 
 import sys
 
@@ -21,7 +21,8 @@ def drop_and_grow(layer, fraction, grow, optimizer=None, agree=None):
     residuals); dropped ones lose theirs. The layer's pattern stays sorted.
 
     Args:
-      layer: a built ``SparseDense``.
+      layer: a built ``SparseDense`` or ``SparseConv2D`` (its im2col kernel
+        ``(kh * kw * cin, filters)`` moves as a SparseDense's kernel does).
       fraction: fraction of the nonzeros to move, in [0, 1].
       grow: ``f(taken_keys, count) -> sorted keys`` of the positions to grow.
       optimizer: the model's optimizer (its slots of ``layer.values`` move too).
@@ -43,7 +44,8 @@ def drop_and_grow(layer, fraction, grow, optimizer=None, agree=None):
       >>> layer.nnz, moved <= 4
       (16, True)
     """
-    input_dim, nnz = layer.input_dim, layer.nnz
+    shape, nnz = matrix_shape(layer), layer.nnz
+    input_dim = shape[0]
     # The layer's own sorted pattern: read as is (layer.pattern would check it again).
     old_keys = selection.keys_of(layer.pattern_rows.numpy(), layer.pattern_cols.numpy(),
                                  input_dim)
@@ -69,10 +71,23 @@ def drop_and_grow(layer, fraction, grow, optimizer=None, agree=None):
 
     states = _optimizer_state.position_state(optimizer, layer.values)
     cols, rows = np.divmod(new_keys, input_dim)
-    layer.set_pattern(SparsityPattern(rows, cols, (input_dim, layer.units)), moved(values))
+    layer.set_pattern(SparsityPattern(rows, cols, shape), moved(values))
     for state in states:
         state.assign(moved(state.numpy()))
     return int(new.size)
+
+
+def matrix_shape(layer):
+    """The shape of the sparse matrix a layer's pattern indexes (keys ``col * rows + row``).
+
+    ``(input_dim, units)`` for a ``SparseDense``, the im2col kernel
+    ``(kh * kw * cin, filters)`` for a ``SparseConv2D``.
+    """
+    from tfsparse.layers import SparseConv2D
+
+    if isinstance(layer, SparseConv2D):
+        return layer.im2col_shape
+    return (layer.input_dim, layer.units)
 
 
 def active_horovod():

@@ -9,6 +9,7 @@ for random patterns.
 """
 
 import base64
+import hashlib
 import zlib
 
 import numpy as np
@@ -18,6 +19,32 @@ from tfsparse.ops import SparsityPattern
 
 ENCODING = "zlib-delta-u32"
 _ENCODING_64 = "zlib-delta-u64"
+
+
+def digest(rows, cols):
+    """A fingerprint of a pattern's positions (SHA-256 of the index arrays).
+
+    A layer keeps the digest of the pattern it built from its seed; its
+    ``get_config`` describes the seed while the pattern is that one, and the
+    positions once it moved (``set_pattern``) or was loaded.
+    """
+    return hashlib.sha256(np.asarray(rows, np.int32).tobytes()
+                          + np.asarray(cols, np.int32).tobytes()).hexdigest()
+
+
+def check_replacement(pattern, shape, nnz):
+    """Raises unless ``pattern`` is a ``SparsityPattern`` of ``shape`` with ``nnz`` nonzeros.
+
+    A layer's ``set_pattern`` takes only a pattern with as many nonzeros as
+    its own (its weights keep their shapes).
+    """
+    if not isinstance(pattern, SparsityPattern):
+        raise invalid_value("pattern", "a tfsparse.ops.SparsityPattern",
+                            received=f"pattern of type {type(pattern).__name__}")
+    if pattern.shape != tuple(shape) or pattern.nnz != nnz:
+        raise invalid_value(
+            "pattern", f"a pattern of shape {tuple(shape)} with {nnz} nonzeros (the layer's)",
+            received=f"pattern of shape {pattern.shape} with {pattern.nnz} nonzeros")
 
 
 def encode(pattern):

@@ -109,6 +109,11 @@ class SparseConv2D(keras.layers.Layer, tfmot.sparsity.keras.PrunableLayer):
         self.kernel_constraint = keras.constraints.get(kernel_constraint)
         self.bias_constraint = keras.constraints.get(bias_constraint)
         self.input_spec = keras.layers.InputSpec(ndim=4)
+        # Set by tfsparse.dynamic (RigL), as SparseDense's: ``probe(layer,
+        # inputs, outputs)`` returns the pre-activation outputs, after keeping
+        # the inputs and the outputs' gradient (the dense kernel's gradient is
+        # their Conv2DBackpropFilter).
+        self._gradient_probe = None
 
     def _check_pattern(self, pattern):
         """Returns (SparsityPattern over (kh*kw*cin, filters) or None, initial values or None)."""
@@ -161,6 +166,7 @@ class SparseConv2D(keras.layers.Layer, tfmot.sparsity.keras.PrunableLayer):
                     f"(im2col shape {shape})", received=f"pattern of im2col shape {pattern.shape}")
         else:
             pattern = SparsityPattern.random(shape, self.density_setting, self.seed)
+        self._built_pattern_digest = _pattern_config.digest(pattern.rows, pattern.cols)
         for name, array in (("pattern_rows", pattern.rows), ("pattern_cols", pattern.cols)):
             setattr(self, name, self.add_weight(
                 name, shape=(pattern.nnz,), dtype=tf.int32, trainable=False,
@@ -200,6 +206,8 @@ class SparseConv2D(keras.layers.Layer, tfmot.sparsity.keras.PrunableLayer):
             inputs, self.values, self._pattern(), self.kernel_size, self.strides,
             self.padding, self.dilation_rate, bias=self.bias)
         outputs.set_shape(self.compute_output_shape(inputs.shape))
+        if self._gradient_probe is not None:  # tfsparse.dynamic's RigL gradient
+            outputs = self._gradient_probe(self, inputs, outputs)
         return outputs if self.activation is None else self.activation(outputs)
 
     def compute_output_shape(self, input_shape):
@@ -227,11 +235,45 @@ class SparseConv2D(keras.layers.Layer, tfmot.sparsity.keras.PrunableLayer):
         return self.nnz / float(np.prod(self._im2col_shape()))
 
     @property
+    def im2col_shape(self):
+        """``(kh * kw * cin, filters)``, the shape of the kernel's sparse matrix."""
+        self._require_built("im2col_shape")
+        return self._im2col_shape()
+
+    @property
     def pattern(self):
         """The current pattern over the im2col matrix, a ``SparsityPattern``."""
         self._require_built("pattern")
         return SparsityPattern(self.pattern_rows.numpy(), self.pattern_cols.numpy(),
                                self._im2col_shape())
+
+    def set_pattern(self, pattern, values):
+        """Moves the kernel's nonzeros: a new im2col pattern with as many nonzeros.
+
+        As ``SparseDense.set_pattern``: writes the pattern's int32 weights and
+        ``values`` (in the new pattern's order); every weight keeps its shape,
+        the optimizer's slots of ``values`` are the caller's to permute
+        (``tfsparse.dynamic`` does).
+
+        Args:
+          pattern: a ``SparsityPattern`` of shape ``im2col_shape`` and ``nnz``
+            nonzeros (sorted column-major, without repeats, as it guarantees).
+          values: array or tensor ``[nnz]``, the new nonzeros in its order.
+
+        Example:
+          >>> import numpy as np
+          >>> layer = SparseConv2D(1, 1, pattern=np.array([[[[1.0], [0.0]]]]))
+          >>> _ = layer(np.ones((1, 2, 2, 2), "float32"))
+          >>> layer.set_pattern(SparsityPattern.from_coo([1], [0], (2, 1)),
+          ...                   np.array([5.0], "float32"))
+          >>> layer.to_dense().reshape(-1).tolist()
+          [0.0, 5.0]
+        """
+        self._require_built("set_pattern")
+        _pattern_config.check_replacement(pattern, self._im2col_shape(), self.nnz)
+        self.pattern_rows.assign(pattern.rows)
+        self.pattern_cols.assign(pattern.cols)
+        self.values.assign(tf.reshape(tf.cast(values, self.values.dtype), [self.nnz]))
 
     def to_dense(self):
         """The kernel as a dense NumPy array ``(kh, kw, cin, filters)``."""
@@ -250,13 +292,16 @@ class SparseConv2D(keras.layers.Layer, tfmot.sparsity.keras.PrunableLayer):
 
     def get_config(self):
         config = super().get_config()
-        # A given pattern travels as its packed positions (clone_model and
-        # from_config rebuild the same layer); a drawn one as its seed.
-        pattern = None
-        if self.built and self.density_setting is None:
-            pattern = _pattern_config.encode(SparsityPattern(
-                self.pattern_rows.numpy(), self.pattern_cols.numpy(),
-                (int(np.prod(self.kernel_size)) * self.input_channels, self.filters)))
+        # A given, moved (set_pattern) or loaded pattern travels as its packed
+        # positions (clone_model and from_config rebuild the same layer); the
+        # pattern drawn from the seed as the seed.
+        pattern, density = None, self.density_setting
+        if self.built:
+            rows, cols = self.pattern_rows.numpy(), self.pattern_cols.numpy()
+            if density is None or _pattern_config.digest(rows, cols) != self._built_pattern_digest:
+                pattern = _pattern_config.encode(
+                    SparsityPattern(rows, cols, self._im2col_shape()))
+                density = None
         elif self._pattern_matrix is not None:
             pattern = _pattern_config.encode(self._pattern_matrix)
         serialize = {"activation": keras.activations.serialize,
@@ -266,7 +311,7 @@ class SparseConv2D(keras.layers.Layer, tfmot.sparsity.keras.PrunableLayer):
         config.update(
             filters=self.filters, kernel_size=self.kernel_size, strides=self.strides,
             padding=self.padding, dilation_rate=self.dilation_rate,
-            density=self.density_setting, pattern=pattern, seed=self.seed,
+            density=density, pattern=pattern, seed=self.seed,
             use_bias=self.use_bias)
         for name in ("activation", "kernel_initializer", "bias_initializer",
                      "kernel_regularizer", "bias_regularizer", "activity_regularizer",

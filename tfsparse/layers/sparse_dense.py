@@ -1,7 +1,6 @@
 """SparseDense: a Dense layer whose kernel is stored and computed sparse."""
 
 import collections
-import hashlib
 import numbers
 
 import numpy as np
@@ -23,12 +22,6 @@ _DEFAULT_DENSITY = 0.05
 PatternTensors = collections.namedtuple(
     "PatternTensors", ["rows", "cols", "row_major_order", "shape"]
 )
-
-
-def _digest(rows, cols):
-    """A fingerprint of a pattern's positions (SHA-256 of the index arrays)."""
-    return hashlib.sha256(np.asarray(rows, np.int32).tobytes()
-                          + np.asarray(cols, np.int32).tobytes()).hexdigest()
 
 
 @keras.saving.register_keras_serializable(package="tfsparse")
@@ -202,7 +195,7 @@ class SparseDense(keras.layers.Layer, tfmot.sparsity.keras.PrunableLayer):
                 (input_dim, self.units), self.density_setting, self.seed
             )
         self._add_pattern_weights(pattern)
-        self._built_pattern_digest = _digest(pattern.rows, pattern.cols)
+        self._built_pattern_digest = _pattern_config.digest(pattern.rows, pattern.cols)
         if values is not None:
             initializer = _initializers.from_array(values)
         else:
@@ -282,16 +275,7 @@ class SparseDense(keras.layers.Layer, tfmot.sparsity.keras.PrunableLayer):
           [[0.0, 4.0], [3.0, 0.0]]
         """
         self._require_built("set_pattern")
-        if not isinstance(pattern, SparsityPattern):
-            raise invalid_value("pattern", "a tfsparse.ops.SparsityPattern",
-                                received=f"pattern of type {type(pattern).__name__}")
-        if pattern.shape != (self.input_dim, self.units) or pattern.nnz != self.nnz:
-            raise invalid_value(
-                "pattern",
-                f"a pattern of shape {(self.input_dim, self.units)} with {self.nnz} "
-                "nonzeros (the layer's)",
-                received=f"pattern of shape {pattern.shape} with {pattern.nnz} nonzeros",
-            )
+        _pattern_config.check_replacement(pattern, (self.input_dim, self.units), self.nnz)
         self.pattern_rows.assign(pattern.rows)
         self.pattern_cols.assign(pattern.cols)
         self.pattern_row_major_order.assign(pattern.row_major_order)
@@ -382,7 +366,7 @@ class SparseDense(keras.layers.Layer, tfmot.sparsity.keras.PrunableLayer):
         if self.built:
             rows, cols = self.pattern_rows.numpy(), self.pattern_cols.numpy()
             if self.density_setting is not None and (
-                _digest(rows, cols) == self._built_pattern_digest
+                _pattern_config.digest(rows, cols) == self._built_pattern_digest
             ):
                 return None
             return _pattern_config.encode(
