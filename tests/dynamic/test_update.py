@@ -39,6 +39,14 @@ def _state(model, layer):
     return (optimizer._momentums[index], optimizer._velocities[index])
 
 
+def _assert_moved_as(model, layer, keys_of, expected):
+    """The layer's keys, values and Adam slots are the reference's ``(keys, values, slots)``."""
+    np.testing.assert_array_equal(keys_of(layer), expected[0])
+    np.testing.assert_array_equal(layer.values.numpy(), expected[1].astype(np.float32))
+    for slot, reference in zip(_state(model, layer), expected[2]):
+        np.testing.assert_array_equal(slot.numpy(), reference.astype(np.float32))
+
+
 def _layer_keys(layer):
     return selection.keys_of(layer.pattern.rows, layer.pattern.cols, layer.input_dim)
 
@@ -46,28 +54,34 @@ def _layer_keys(layer):
 @pytest.mark.parametrize("block_elements", [7, 1 << 20], ids=["many-blocks", "one-block"])
 def test_one_rigl_update_matches_numpy(block_elements):
     model, layer, x, y = _trained_model()
-    keys, values = _layer_keys(layer), layer.values.numpy()
-    slots = [s.numpy() for s in _state(model, layer)]
-    assert all(np.any(s != 0) for s in slots)
     # The dense gradient of mse = mean((x W + b - y)^2): d/dz = 2 (z - y) / (B U).
     dense = layer.to_scipy().toarray()
     dz = 2 * (x @ dense + layer.bias.numpy() - y) / (BATCH * UNITS)
     gradient = x.T.astype(np.float64) @ dz  # [input_dim, units]
-    count = int(0.4 * layer.nnz)
-    expected = reference_update(keys, values, slots, np.abs(gradient.T.ravel()), count,
-                                 INPUT_DIM * UNITS)
+    _check_rigl_update(model, layer, _layer_keys, (x, y, dz), gradient,
+                       lambda x, dz, taken, n: largest_gradient_keys(x, dz, taken, n,
+                                                                     block_elements))
 
+
+def _check_rigl_update(model, layer, keys_of, batch, gradient, scorer):
+    """One RigL update (0.4) through ``layer_gradients`` and ``scorer`` against the reference.
+
+    ``batch`` is ``(x, y, dz)`` with NumPy's ``dz``; ``gradient`` NumPy's
+    dense kernel gradient ``(rows, columns)``; ``scorer(x, dz, taken, n)``
+    the grow function under test.
+    """
+    x, y, dz = batch
+    keys, values = keys_of(layer), layer.values.numpy()
+    slots = [s.numpy() for s in _state(model, layer)]
+    assert all(np.any(s != 0) for s in slots)
+    expected = reference_update(keys, values, slots, np.abs(gradient.T.ravel()),
+                                int(0.4 * layer.nnz), gradient.size)
     (inputs, output_gradients), = layer_gradients(model, [layer], x, y)
+    # float32 sums of <= 18 O(1) products: 1e-5 relative is ~100 ulps.
     np.testing.assert_allclose(output_gradients.numpy(), dz, rtol=1e-5, atol=1e-7)
-
-    def grow(taken, n):
-        return largest_gradient_keys(inputs, output_gradients, taken, n, block_elements)
-
-    new = drop_and_grow(layer, 0.4, grow, optimizer=model.optimizer)
-    np.testing.assert_array_equal(_layer_keys(layer), expected[0])
-    np.testing.assert_array_equal(layer.values.numpy(), expected[1].astype(np.float32))
-    for slot, reference in zip(_state(model, layer), expected[2]):
-        np.testing.assert_array_equal(slot.numpy(), reference.astype(np.float32))
+    new = drop_and_grow(layer, 0.4, lambda taken, n: scorer(inputs, output_gradients, taken, n),
+                        optimizer=model.optimizer)
+    _assert_moved_as(model, layer, keys_of, expected)
     assert new == int(np.sum(~np.isin(expected[0], keys)))
 
 
@@ -87,10 +101,7 @@ def test_one_set_update_matches_numpy():
     rng = np.random.default_rng(3)
     drop_and_grow(layer, 0.3, lambda taken, n: selection.random_free_keys(rng, total, n, taken),
                   optimizer=model.optimizer)
-    np.testing.assert_array_equal(_layer_keys(layer), expected[0])
-    np.testing.assert_array_equal(layer.values.numpy(), expected[1].astype(np.float32))
-    for slot, reference in zip(_state(model, layer), expected[2]):
-        np.testing.assert_array_equal(slot.numpy(), reference.astype(np.float32))
+    _assert_moved_as(model, layer, _layer_keys, expected)
 
 
 def test_invariants_hold_over_many_updates():
@@ -177,33 +188,14 @@ def _conv_keys(layer):
     ((1, 1), "valid", (1, 1)), ((2, 1), "same", (1, 1)), ((1, 1), "same", (2, 2))])
 def test_one_rigl_update_of_a_conv_matches_numpy(strides, padding, dilation):
     model, layer, x, y = _trained_conv_model(5, strides, padding, dilation)
-    keys, values = _conv_keys(layer), layer.values.numpy()
-    slots = [s.numpy() for s in _state(model, layer)]
-    assert all(np.any(s != 0) for s in slots)
     # The dense gradient by direct correlation in float64: z = patches . K + b,
     # mse's d/dz = 2 (z - y) / size, d/dK = sum over batch and pixels of patches * dz.
     patches = conv_patches(x.astype(np.float64), layer.kernel_size, strides, padding, dilation)
     z = np.einsum("bhwijc,ijcf->bhwf", patches, layer.to_dense()) + layer.bias.numpy()
     dz = 2 * (z - y) / z.size
     gradient = np.einsum("bhwijc,bhwf->ijcf", patches, dz).reshape(-1, CONV_FILTERS)
-    rows = gradient.shape[0]
-    count = int(0.4 * layer.nnz)
-    expected = reference_update(keys, values, slots, np.abs(gradient.T.ravel()), count,
-                                rows * CONV_FILTERS)
-
-    (inputs, output_gradients), = layer_gradients(model, [layer], x, y)
-    # float32 sums of <= 6 * 3 O(1) products: 1e-5 relative is ~100 ulps.
-    np.testing.assert_allclose(output_gradients.numpy(), dz, rtol=1e-5, atol=1e-7)
-
-    def grow(taken, n):
-        return largest_conv_gradient_keys(layer, inputs, output_gradients, taken, n)
-
-    new = drop_and_grow(layer, 0.4, grow, optimizer=model.optimizer)
-    np.testing.assert_array_equal(_conv_keys(layer), expected[0])
-    np.testing.assert_array_equal(layer.values.numpy(), expected[1].astype(np.float32))
-    for slot, reference in zip(_state(model, layer), expected[2]):
-        np.testing.assert_array_equal(slot.numpy(), reference.astype(np.float32))
-    assert new == int(np.sum(~np.isin(expected[0], keys)))
+    _check_rigl_update(model, layer, _conv_keys, (x, y, dz), gradient,
+                       lambda x, dz, taken, n: largest_conv_gradient_keys(layer, x, dz, taken, n))
 
 
 def test_one_set_update_of_a_conv_matches_numpy_and_computes_with_the_new_pattern():
@@ -220,10 +212,7 @@ def test_one_set_update_of_a_conv_matches_numpy_and_computes_with_the_new_patter
     rng = np.random.default_rng(3)
     drop_and_grow(layer, 0.5, lambda taken, n: selection.random_free_keys(rng, total, n, taken),
                   optimizer=model.optimizer)
-    np.testing.assert_array_equal(_conv_keys(layer), expected[0])
-    np.testing.assert_array_equal(layer.values.numpy(), expected[1].astype(np.float32))
-    for slot, reference in zip(_state(model, layer), expected[2]):
-        np.testing.assert_array_equal(slot.numpy(), reference.astype(np.float32))
+    _assert_moved_as(model, layer, _conv_keys, expected)
     # Grown weights are 0: train a step so they are not, then the conv kernels
     # must compute with the moved pattern.
     model.train_on_batch(x, np.zeros(model.output_shape[1:], "float32")[None].repeat(BATCH, 0))

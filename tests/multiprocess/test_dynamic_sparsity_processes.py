@@ -26,10 +26,10 @@ def test_ranks_end_with_identical_patterns_and_weights(ranks, run):
     assert [r["size"] for r in ranks] == [2, 2]
     # 3 epochs of 8 steps, updates every 4 steps until step 0.9 * 24 = 21.
     assert ranks[0][run]["updates"] == [4, 8, 12, 16, 20]
-    assert ranks[0][run]["moved"] == [True, True]
+    assert ranks[0][run]["moved"] == [True, True, True]  # conv, hidden, out
     first, second = ranks[0]["arrays"], ranks[1]["arrays"]
     keys = [k for k in first if k.startswith(f"{run}/") and not k.endswith("_residual")]
-    assert len(keys) == 6
+    assert len(keys) == 9
     for key in keys:
         np.testing.assert_array_equal(first[key], second[key], err_msg=key)
 
@@ -38,7 +38,7 @@ def test_ranks_end_with_identical_patterns_and_weights(ranks, run):
 def test_error_feedback_residuals_are_per_rank_and_follow_the_pattern(ranks, run):
     for result in ranks:
         arrays = result["arrays"]
-        for layer in ("hidden", "out"):
+        for layer in ("conv", "hidden", "out"):
             residual = arrays[f"{run}/{layer}_residual"]
             assert residual.shape == arrays[f"{run}/{layer}_values"].shape
             assert np.all(np.isfinite(residual))
