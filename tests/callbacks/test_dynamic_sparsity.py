@@ -345,18 +345,21 @@ def test_rigl_grows_a_conv_where_the_step_gradient_is_largest():
                            end_step=3)
     model.fit(IMAGES, y, batch_size=8, epochs=1, verbose=0, shuffle=False, callbacks=[rigl])
     assert [u["step"] for u in rigl.updates] == [2]
-    # mse's gradient on the step's batch (the second), by direct correlation in float64.
-    x, target = IMAGES[8:16].astype(np.float64), y[8:16]
-    patches = conv_patches(x, (3, 3), (2, 2), "same", (1, 1))
     kernel = np.zeros(9 * 2 * 3)
     kernel[keys] = values
     kernel = kernel.reshape(3, 9 * 2).T.reshape(3, 3, 2, 3)
-    z = np.einsum("bhwijc,ijcf->bhwf", patches, kernel) + layer.bias.numpy()
-    dz = 2 * (z - target.reshape(z.shape)) / z.size
-    gradient = np.einsum("bhwijc,bhwf->ijcf", patches, dz).reshape(-1, 3)
-    expected = reference_update(keys, values, [], np.abs(gradient.T.ravel()),
+
+    def expected_keys(batch):  # mse's gradient on a batch, by direct correlation in float64
+        rows = slice(8 * batch, 8 * batch + 8)
+        patches = conv_patches(IMAGES[rows].astype(np.float64), (3, 3), (2, 2), "same", (1, 1))
+        z = np.einsum("bhwijc,ijcf->bhwf", patches, kernel) + layer.bias.numpy()
+        dz = 2 * (z - y[rows].reshape(z.shape)) / z.size
+        gradient = np.einsum("bhwijc,bhwf->ijcf", patches, dz).reshape(-1, 3)
+        return reference_update(keys, values, [], np.abs(gradient.T.ravel()),
                                 int(0.5 * layer.nnz), gradient.size)[0]
-    np.testing.assert_array_equal(_keys_of([layer])[0], expected)
+
+    np.testing.assert_array_equal(_keys_of([layer])[0], expected_keys(1))  # the step's own
+    assert not np.array_equal(_keys_of([layer])[0], expected_keys(0))  # another would differ
     assert "train_step" not in vars(model) and layer._gradient_probe is None
 
 
