@@ -141,7 +141,7 @@ class StepGradients:
                 for x, dz in zip(self._inputs, self._gradients)]
 
     def _probe(self, layer, inputs, outputs):
-        """SparseDense.call's and SparseConv2D.call's hook: an identity that keeps ``(inputs, dz)`` when armed."""
+        """The layers' call hook: an identity that keeps ``(inputs, dz)`` when armed."""
         if not self._tracing:
             return outputs
         index = self._index[id(layer)]
