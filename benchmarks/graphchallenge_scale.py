@@ -8,7 +8,7 @@ input count, one process (so its peak memory is its own):
    convert);
 2. runs tfsparse's inference (``tfsparse.graphchallenge.inference``: surviving
    rows only, merged across batches) on the inputs, timed once per
-   ``--repeats`` (median), and reads the process's peak RSS (``ru_maxrss``)
+   ``--repeats`` (median), and reads the process's peak RSS (``VmHWM``, ``peak_rss_bytes``)
    right after, before the reference allocates anything;
 3. runs the serial SciPy CSR reference (``inference_scipy``) on the first
    ``k`` inputs, ``k = min(5000, --reference-budget / edges)``, timed once, and

@@ -30,11 +30,14 @@ _STAGES = {
 
 def peak_bytes(code, n, k, batch):
     program = (
-        "import resource, tensorflow as tf\n"
+        "import tensorflow as tf\n"
         "from tfsparse.layers import SparseDense\n"
         f"n, k, batch = {n}, {k}, {batch}\n"
         f"{code}\n"
-        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)\n"
+        # VmHWM, this process's own peak (ru_maxrss would carry this
+        # script's peak across execve into the child).
+        "from tfsparse.graphchallenge import peak_rss_bytes\n"
+        "print(peak_rss_bytes())\n"
     )
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
     result = subprocess.run([sys.executable, "-c", program], env=env, check=True,

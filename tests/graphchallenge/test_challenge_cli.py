@@ -95,7 +95,7 @@ def test_tiled_inputs_split_and_result_line(capsys):
             "digits repeated in order), bias -0.3") in out
     assert re.search(r"^time: load [0-9.]+ s, convert [0-9.]+ s \(tfsparse tensors and tracing\), "
                      r"infer [0-9.]+ s \(median of 1\)$", out, re.M)
-    assert re.search(r"^peak memory: [0-9,]+ MiB \(process peak RSS, ru_maxrss", out, re.M)
+    assert re.search(r"^peak memory: [0-9,]+ MiB \(process peak RSS, VmHWM", out, re.M)
     assert "truth: no categories file\n" in out and "scipy" not in out
     lines = [line for line in out.splitlines() if line.startswith("RESULT ")]
     assert len(lines) == 1 and lines[0] == out.rstrip().splitlines()[-1]

@@ -156,7 +156,7 @@ def main(argv=None):
     peak = gc.peak_rss_bytes()  # before the SciPy baseline allocates anything
     print(f"time: load {load_seconds:.2f} s, convert {convert_seconds:.2f} s (tfsparse tensors "
           f"and tracing), infer {ours_seconds:.3f} s (median of {args.repeats})")
-    print(f"peak memory: {peak / 2**20:,.0f} MiB (process peak RSS, ru_maxrss, through the "
+    print(f"peak memory: {peak / 2**20:,.0f} MiB (process peak RSS, VmHWM, through the "
           "tfsparse inference)")
     ours_categories = gc.categories(ours)
     ok = _check_categories(args, features, weights, ours_categories, ours_seconds, truth)
