@@ -30,21 +30,9 @@ from tfsparse.dynamic import drop_and_grow  # noqa: E402
 from tfsparse.dynamic import largest_gradient_keys  # noqa: E402
 from tfsparse.dynamic import layer_gradients  # noqa: E402
 from tfsparse.layers import SparseDense  # noqa: E402
+from tfsparse._memory import reset_peak_rss, status_kib  # noqa: E402
 
 MIB = 1 << 20
-
-
-def status_kib(field):
-    with open("/proc/self/status") as handle:
-        for line in handle:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"{field} not in /proc/self/status")
-
-
-def reset_peak():
-    with open("/proc/self/clear_refs", "w") as handle:
-        handle.write("5")  # resets VmHWM to the current VmRSS (Linux >= 4.0)
 
 
 def main():
@@ -66,7 +54,7 @@ def main():
     # two slots; the batch (x, y, outputs) is the step's.
     layer_bytes = layer.nnz * (4 + 3 * 4 + 2 * 4) + args.size * 4 * 3
     rss_before = status_kib("VmRSS")
-    reset_peak()
+    reset_peak_rss()
     start = time.perf_counter()
     (inputs, output_gradients), = layer_gradients(model, [layer], x, y)
 

@@ -34,9 +34,8 @@ def peak_bytes(code, n, k, batch):
         "from tfsparse.layers import SparseDense\n"
         f"n, k, batch = {n}, {k}, {batch}\n"
         f"{code}\n"
-        # VmHWM, this process's own peak (ru_maxrss would carry this
-        # script's peak across execve into the child).
-        "from tfsparse.graphchallenge import peak_rss_bytes\n"
+        # VmHWM, this process's own peak (not this script's: see _memory).
+        "from tfsparse._memory import peak_rss_bytes\n"
         "print(peak_rss_bytes())\n"
     )
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")

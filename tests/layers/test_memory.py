@@ -17,11 +17,8 @@ _PROBE = textwrap.dedent(
         loss = tf.reduce_sum(y * y)
     grads = tape.gradient(loss, layer.trainable_weights)
     assert layer.nnz == 32 * n and grads[0].shape == (32 * n,)
-    # VmHWM: the peak of this process's own memory map. (ru_maxrss is not:
-    # Linux carries it across execve, so it would report pytest's own peak.)
-    with open("/proc/self/status") as status:
-        kib = next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))
-    print(kib * 1024)
+    from tfsparse._memory import peak_rss_bytes  # VmHWM: not pytest's peak
+    print(peak_rss_bytes())
     """
 )
 

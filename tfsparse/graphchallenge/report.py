@@ -8,39 +8,11 @@ in that order, with the number of inputs (60,000 in the challenge) and the
 peak memory, as ``key=value`` pairs on one line a script can parse.
 """
 
-import resource
-import sys
-
+from tfsparse._memory import peak_rss_bytes  # noqa: F401  (re-exported)
 from tfsparse._validation import check_positive_int
 from tfsparse._validation import invalid_value
 
 _FIELDS = ("neurons", "layers", "edges", "inputs", "seconds", "edges_per_second", "peak_rss_mib")
-
-
-def peak_rss_bytes():
-    """Returns the peak resident memory of this process so far, in bytes.
-
-    The kernel's high-water mark of this process's memory map (``VmHWM`` in
-    ``/proc/self/status`` on Linux; ``ru_maxrss`` elsewhere): it counts
-    everything the process touched (TensorFlow's buffers, NumPy and SciPy
-    arrays), which ``tracemalloc`` would not see, and never decreases. Not
-    ``ru_maxrss`` on Linux: it is carried across ``execve``, so a process
-    started by a larger one (a benchmark driver, pytest) would report that
-    parent's peak.
-
-    Example:
-        >>> peak_rss_bytes() > 0
-        True
-    """
-    try:
-        with open("/proc/self/status") as status:
-            for line in status:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024  # kB
-    except OSError:
-        pass
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak if sys.platform == "darwin" else peak * 1024  # kilobytes on Linux
 
 
 def result_line(neurons, layers, edges, inputs, seconds, peak_rss=None):
