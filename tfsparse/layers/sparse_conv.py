@@ -9,16 +9,16 @@ import tensorflow_model_optimization as tfmot
 
 from tfsparse._keras import keras
 from tfsparse._validation import check_choice
-from tfsparse._validation import check_fraction
-from tfsparse._validation import check_non_negative_int
 from tfsparse._validation import check_positive_int
 from tfsparse._validation import invalid_value
 from tfsparse.layers import _initializers
 from tfsparse.layers import _pattern_config
+from tfsparse.layers._sparse_layer_args import density_setting
+from tfsparse.layers._sparse_layer_args import pattern_seed
+from tfsparse.layers._sparse_layer_args import set_kernel_arguments
 from tfsparse.ops import SparsityPattern
 from tfsparse.ops.conv import sparse_conv2d
 
-_DEFAULT_DENSITY = 0.05
 
 # What for_sparse_kernel needs to scale a variance-scaling initializer with a
 # conv's sparse fans: fan-in nnz / filters, fan-out nnz / cin.
@@ -89,25 +89,12 @@ class SparseConv2D(keras.layers.Layer, tfmot.sparsity.keras.PrunableLayer):
         self.strides = _pair("strides", strides)
         self.dilation_rate = _pair("dilation_rate", dilation_rate)
         self.padding = check_choice("padding", padding, ("valid", "same"))
-        if density is not None and pattern is not None:
-            raise invalid_value(
-                "density", "None when a pattern is given (the pattern sets it)", density)
         self._pattern_matrix, self._pattern_values = self._check_pattern(pattern)
-        if pattern is None:
-            density = check_fraction(
-                "density", _DEFAULT_DENSITY if density is None else density)
-        self.density_setting = density
-        if seed is None:  # keras.utils.set_random_seed seeds NumPy's generator
-            seed = int(np.random.randint(0, 2**31 - 1))
-        self.seed = check_non_negative_int("seed", seed)
-        self.activation = keras.activations.get(activation)
-        self.use_bias = bool(use_bias)
-        self.kernel_initializer = keras.initializers.get(kernel_initializer)
-        self.bias_initializer = keras.initializers.get(bias_initializer)
-        self.kernel_regularizer = keras.regularizers.get(kernel_regularizer)
-        self.bias_regularizer = keras.regularizers.get(bias_regularizer)
-        self.kernel_constraint = keras.constraints.get(kernel_constraint)
-        self.bias_constraint = keras.constraints.get(bias_constraint)
+        self.density_setting = density_setting(density, pattern)
+        self.seed = pattern_seed(seed)
+        set_kernel_arguments(self, activation, use_bias, kernel_initializer, bias_initializer,
+                             kernel_regularizer, bias_regularizer, kernel_constraint,
+                             bias_constraint)
         self.input_spec = keras.layers.InputSpec(ndim=4)
         # Set by tfsparse.dynamic (RigL), as SparseDense's: ``probe(layer,
         # inputs, outputs)`` returns the pre-activation outputs, after keeping

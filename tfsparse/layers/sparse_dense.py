@@ -1,7 +1,6 @@
 """SparseDense: a Dense layer whose kernel is stored and computed sparse."""
 
 import collections
-import numbers
 
 import numpy as np
 import scipy.sparse
@@ -9,13 +8,16 @@ import tensorflow as tf
 import tensorflow_model_optimization as tfmot
 
 from tfsparse._keras import keras
+from tfsparse._validation import check_positive_int
 from tfsparse._validation import invalid_value
 from tfsparse.layers import _initializers
 from tfsparse.layers import _pattern_config
+from tfsparse.layers._sparse_layer_args import density_setting
+from tfsparse.layers._sparse_layer_args import pattern_seed
+from tfsparse.layers._sparse_layer_args import set_kernel_arguments
 from tfsparse.ops import SparsityPattern
 from tfsparse.ops import sparse_matmul
 
-_DEFAULT_DENSITY = 0.05
 
 # The pattern as tensors (the layer's non-trainable variables), in the shape
 # that tfsparse.ops.sparse_matmul and sparse-aware regularizers take.
@@ -82,44 +84,13 @@ class SparseDense(keras.layers.Layer, tfmot.sparsity.keras.PrunableLayer):
         **kwargs,
     ):
         super().__init__(activity_regularizer=activity_regularizer, **kwargs)
-        if (
-            not isinstance(units, numbers.Integral)
-            or isinstance(units, bool)
-            or units <= 0
-        ):
-            raise invalid_value("units", "a positive integer", units)
-        self.units = int(units)
+        self.units = check_positive_int("units", units)
         self._pattern_matrix, self._config_pattern = self._check_pattern(pattern)
-        if density is not None and pattern is not None:
-            raise invalid_value(
-                "density", "None when a pattern is given (the pattern sets it)",
-                density,
-            )
-        if pattern is None:
-            density = _DEFAULT_DENSITY if density is None else density
-            if (
-                not isinstance(density, numbers.Real)
-                or isinstance(density, bool)
-                or not 0 < density <= 1
-            ):
-                raise invalid_value("density", "a float in (0, 1]", density)
-        self.density_setting = None if density is None else float(density)
-        if seed is None:
-            # From NumPy's global generator, which keras.utils.set_random_seed
-            # seeds: seeded scripts build the same patterns, as Dense draws
-            # the same kernels.
-            seed = int(np.random.randint(0, 2**31 - 1))
-        if not isinstance(seed, numbers.Integral) or isinstance(seed, bool):
-            raise invalid_value("seed", "an integer or None", seed)
-        self.seed = int(seed)
-        self.activation = keras.activations.get(activation)
-        self.use_bias = bool(use_bias)
-        self.kernel_initializer = keras.initializers.get(kernel_initializer)
-        self.bias_initializer = keras.initializers.get(bias_initializer)
-        self.kernel_regularizer = keras.regularizers.get(kernel_regularizer)
-        self.bias_regularizer = keras.regularizers.get(bias_regularizer)
-        self.kernel_constraint = keras.constraints.get(kernel_constraint)
-        self.bias_constraint = keras.constraints.get(bias_constraint)
+        self.density_setting = density_setting(density, pattern)
+        self.seed = pattern_seed(seed)
+        set_kernel_arguments(self, activation, use_bias, kernel_initializer, bias_initializer,
+                             kernel_regularizer, bias_regularizer, kernel_constraint,
+                             bias_constraint)
         self.supports_masking = True
         # Set by tfsparse.dynamic (RigL): ``probe(layer, inputs, outputs)``
         # returns the pre-activation outputs, after recording the inputs and
