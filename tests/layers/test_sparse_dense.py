@@ -144,6 +144,8 @@ def _message(name, expected, received):
          _message("pattern", "a scipy.sparse matrix of shape (input_dim, units)", "pattern of type ndarray")),
         (dict(units=2, density=0.5, pattern=scipy.sparse.eye(2, format="csr")),
          _message("density", "None when a pattern is given (the pattern sets it)", "density=0.5")),
+        (dict(units=2, seed=-1), _message("seed", "a non-negative integer", "seed=-1")),
+        (dict(units=2, seed=1.5), _message("seed", "a non-negative integer", "seed=1.5")),
     ],
 )
 def test_invalid_arguments_name_the_argument(kwargs, message):
