@@ -5,11 +5,10 @@ time: each candidate is traced once, warmed up, then run in interleaved
 rounds (the two see the same background load) and the medians compared.
 """
 
-import gc
-import time
-
 import numpy as np
 import tensorflow as tf
+
+from tfsparse._timing import interleaved_medians
 
 MODES = ("inference", "training")
 REPEATS = 7
@@ -34,26 +33,6 @@ def _training(layer, x):
     return lambda: [g.numpy() for g in run()]
 
 
-def _median_seconds(candidates):
-    for run in candidates:
-        for _ in range(_WARMUP):
-            run()
-    samples = [[] for _ in candidates]
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        for round_index in range(REPEATS):
-            order = range(len(candidates))
-            for index in (order if round_index % 2 else reversed(order)):
-                start = time.perf_counter()
-                candidates[index]()
-                samples[index].append(time.perf_counter() - start)
-    finally:
-        if was_enabled:
-            gc.enable()
-    return [float(np.median(times)) for times in samples]
-
-
 def input_shape(layer):
     """The layer's input shape if it is one known shape, else a reason why it is not."""
     try:
@@ -70,5 +49,7 @@ def time_pair(dense, sparse, shape, batch_size, mode):
     rng = np.random.default_rng(0)
     x = tf.constant(rng.standard_normal((batch_size, *shape[1:])), dense.compute_dtype)
     make = _inference if mode == "inference" else _training
-    dense_seconds, sparse_seconds = _median_seconds([make(dense, x), make(sparse, x)])
+    medians = interleaved_medians({"dense": make(dense, x), "sparse": make(sparse, x)},
+                                  repeats=REPEATS, warmup=_WARMUP)
+    dense_seconds, sparse_seconds = medians["dense"], medians["sparse"]
     return dense_seconds, sparse_seconds
