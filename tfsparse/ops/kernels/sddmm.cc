@@ -11,6 +11,11 @@
 // one (isa.h).
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+#endif
 
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
