@@ -23,7 +23,7 @@ $(KERNEL): $(wildcard tfsparse/ops/kernels/*.cc tfsparse/ops/kernels/*.h tfspars
 	$(PY) -m tfsparse.ops.build
 
 test: setup
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=25 tests
 
 # The main job on the shipped real data: a few minutes on 2 cores.
 demo: setup
