@@ -9,9 +9,13 @@ each batch size:
     kernels on each chosen variant, and TensorFlow's CSR ops: its GPU path),
     Dense, and a layer built on tf.sparse.sparse_dense_matmul, each a
     tf.function (as Keras's fit runs its steps);
-  * inference of SparseDense, Dense and SciPy's CSR product (one thread). The
-    TensorFlow candidates are called as a server calls a model: a tf.function
-    taking the batch as its argument.
+  * inference of SparseDense, Dense and SciPy's CSR product (one thread), the
+    Keras layers in the two forms a Keras user serves them: a tf.function
+    taking the batch as its argument (as a Python server calls a model), and
+    the layer called eagerly (``layer(x)``, as ``model(x)`` runs it). Each
+    form has its floor, the same call of something that returns x (a
+    tf.function, a Keras layer), which no candidate of that form can beat:
+    at small batches the call, not the product, is most of the time.
 Prints times, ratios, the issue's targets, and for every variant the roofline
 bound of its kernels on this machine (benchmarks/roofline.py) with the
 fraction of it SparseDense achieves; with several batches, the curve of all
@@ -57,6 +61,13 @@ class TFSparseMatmulDense(keras.layers.Layer):
         kernel_t = tf.SparseTensor(self.indices, self.values, self.dense_shape)
         y_t = tf.sparse.sparse_dense_matmul(kernel_t, x, adjoint_b=True)
         return tf.transpose(y_t) + self.bias
+
+
+class ReturnsInputs(keras.layers.Layer):
+    """The eager call floor: a Keras layer whose call returns its input."""
+
+    def call(self, inputs):
+        return inputs
 
 
 class TensorFlowOpsSparseDense(SparseDense):
@@ -115,6 +126,22 @@ def serving_function(variant, fn, x):
     with kernels.use_isa(variant) if variant else contextlib.nullcontext():
         function(x)
     return lambda: function(x)
+
+
+def eager_call(variant, layer, x):
+    """``lambda: layer(x)``: the layer called eagerly, its ops on ``variant``.
+
+    An eager call picks the kernel variant when it runs, so each call runs
+    inside ``kernels.use_isa`` (a few microseconds, on every variant).
+    """
+    if variant is None:
+        return lambda: layer(x)
+
+    def call():
+        with kernels.use_isa(variant):
+            return layer(x)
+
+    return call
 
 
 def fastest_run(fn, repeats):
@@ -192,12 +219,15 @@ def run_batch(args, batch, matrix, pattern, values):
     # What any layer called through a tf.function pays per call on this
     # machine, whatever it computes: the floor of the small batches.
     predict["function returning x (call floor)"] = serving_function(None, tf.identity, x)
+    eager = {f"{name} eager": eager_call(used, layer, x) for name, (layer, used) in sparse.items()}
+    eager["Dense eager"] = eager_call(None, dense, x)
+    eager["layer returning x (eager call floor)"] = eager_call(None, ReturnsInputs(), x)
     csr = matrix.tocsr()
     # Every candidate ends with its product as a NumPy array, as SciPy's
     # does: np.asarray views a CPU tensor's buffer (Tensor.numpy() would add a
     # copy of the output to the TensorFlow candidates only).
     infer = interleaved_medians({
-        **{name: (lambda f=f: np.asarray(f())) for name, f in predict.items()},
+        **{name: (lambda f=f: np.asarray(f())) for name, f in {**predict, **eager}.items()},
         "SciPy CSR (1 thread)": lambda: x_numpy @ csr,
     }, repeats=args.repeats)
 
@@ -215,15 +245,18 @@ def run_batch(args, batch, matrix, pattern, values):
 
 def print_curve(curve):
     """Per batch and variant: inference and its fraction of the bound, ratios."""
-    print("curve: inference median ms (fraction of the roofline bound: of the median, of "
-          "the fastest run), x SciPy CSR, x Dense; training step median ms")
+    print("curve: inference as a tf.function, median ms (fraction of the roofline bound: "
+          "of the median, of the fastest run), x SciPy CSR, x Dense; called eagerly, "
+          "median ms, x SciPy CSR; training step median ms")
     for batch, (train, infer, fastest, bounds) in curve.items():
         for name, (forward, forward_by, _) in bounds.items():
             print(f"  batch {batch:>5} {name:<24} {infer[name] * 1e3:8.3f} ms "
                   f"({forward / infer[name]:4.0%}, {forward / fastest[name]:4.0%} of "
                   f"{forward * 1e3:.3f} ms, {forward_by}), "
                   f"{infer['SciPy CSR (1 thread)'] / infer[name]:5.2f}x SciPy, "
-                  f"{infer['Dense'] / infer[name]:6.2f}x Dense; "
+                  f"{infer['Dense'] / infer[name]:6.2f}x Dense; eager "
+                  f"{infer[name + ' eager'] * 1e3:8.3f} ms, "
+                  f"{infer['SciPy CSR (1 thread)'] / infer[name + ' eager']:5.2f}x SciPy; "
                   f"training step {train[name] * 1e3:8.3f} ms")
 
 
@@ -268,6 +301,8 @@ def print_targets(name, train, infer, batch, bound):
          train["tf.sparse.sparse_dense_matmul layer"] / train[name], 3),
         ("inference >= 10x faster than Dense", infer["Dense"] / infer[name], 10),
         ("inference not slower than SciPy CSR", scipy, 1),
+        ("eager inference not slower than SciPy CSR",
+         infer["SciPy CSR (1 thread)"] / infer[f"{name} eager"], 1),
     ]
     if batch >= 256:
         targets.append(("inference >= 7x faster than SciPy CSR", scipy, 7))

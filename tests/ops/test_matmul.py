@@ -89,6 +89,7 @@ def test_forward_and_gradients_match_masked_dense_reference(
         # column ranges, and many panels of a unit each.
         (40, 1024, 1536),
         (160, 1024, 512),
+        (8, 2048, 1536),  # one 8-row panel split over column ranges
     ],
 )
 def test_float32_matches_float64_reference_within_rounding(use_kernel, batch, input_dim, units):
@@ -147,6 +148,34 @@ def test_any_batch_size_through_one_traced_function(use_kernel, batch):
         return sparse_matmul(x, values, pattern, use_kernel=use_kernel)
 
     np.testing.assert_allclose(apply(x).numpy(), x @ pattern.to_scipy(values).toarray(), atol=1e-12)
+
+
+@pytest.mark.parametrize("use_kernel", PATHS)
+@pytest.mark.parametrize("use_bias", [False, True])
+@pytest.mark.parametrize("batch", [1, 8])
+def test_eager_call_without_a_tape_matches_the_reference(use_kernel, use_bias, batch):
+    # No tape watches the inputs: the product runs without tf.custom_gradient.
+    matrix = _kernel((40, 24), 0.3, seed=10)
+    pattern, values = SparsityPattern.from_scipy(matrix)
+    rng = np.random.default_rng(11)
+    x, bias = rng.standard_normal((batch, 40)), rng.standard_normal(24)
+    y = sparse_matmul(x, values, pattern, use_kernel=use_kernel, bias=bias if use_bias else None)
+    # float64: sums of at most 40 terms of size ~1, far below 1e-12.
+    np.testing.assert_allclose(y.numpy(), x @ matrix.toarray() + use_bias * bias, atol=1e-12)
+    assert y.shape == (batch, 24)
+
+
+def test_a_tape_watching_only_the_input_still_gets_its_gradient():
+    # The tape watches x alone (not the values): the product must still be
+    # recorded with its gradient.
+    matrix = _kernel((6, 5), 0.5, seed=12)
+    pattern, values = SparsityPattern.from_scipy(matrix)
+    x = tf.ones([3, 6], tf.float64)
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        loss = tf.reduce_sum(sparse_matmul(x, values, pattern, bias=np.zeros(5)))
+    dx = tape.gradient(loss, x).numpy()
+    np.testing.assert_allclose(dx, np.ones((3, 5)) @ matrix.toarray().T, atol=1e-12)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

@@ -40,3 +40,14 @@ def test_xla_context_is_detected_only_while_tracing_for_xla():
     tf.function(lambda: probe("graph"))()
     tf.function(lambda: probe("xla"), jit_compile=True)()
     assert seen == {"graph": False, "xla": True}
+
+
+def test_gradient_recording_is_detected_only_for_watched_tensors():
+    x, other = tf.constant(1.0), tf.constant(2.0)
+    assert not _tf_internal.gradient_may_be_recorded([x])
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        assert _tf_internal.gradient_may_be_recorded([x, other])
+        assert not _tf_internal.gradient_may_be_recorded([other])
+    with tf.autodiff.ForwardAccumulator(x, tf.constant(1.0)):
+        assert _tf_internal.gradient_may_be_recorded([x])

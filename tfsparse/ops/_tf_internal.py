@@ -12,6 +12,7 @@ from tensorflow.python.ops.linalg.sparse import (
     gen_sparse_csr_matrix_ops as _csr_ops,
 )
 from tensorflow.python.ops import control_flow_util as _control_flow_util
+from tensorflow.python.ops import gradients_util as _gradients_util
 from tensorflow.python.saved_model import save_context as _save_context
 
 
@@ -51,3 +52,12 @@ def gpu_visible():
 def in_xla_context():
     """True while tracing a function that XLA compiles (``jit_compile=True``)."""
     return _control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
+
+
+def gradient_may_be_recorded(tensors):
+    """True when a gradient tape or forward accumulator watches any of ``tensors``.
+
+    In eager execution an op whose inputs no tape watches can never be
+    differentiated, so it needs no gradient function.
+    """
+    return _gradients_util.PossibleTapeGradientTypes(tensors) != 0

@@ -62,10 +62,10 @@ def sparse_matmul(x, values, pattern, use_kernel=None, bias=None):
         y.set_shape(x.shape[:-1].concatenate([pattern.shape[1]]))
         return y
     values = tf.convert_to_tensor(values, dtype=x.dtype)
+    if bias is not None:
+        bias = tf.convert_to_tensor(bias, dtype=x.dtype)
     rows = tf.convert_to_tensor(pattern.rows, dtype=tf.int32)
     cols = tf.convert_to_tensor(pattern.cols, dtype=tf.int32)
-    order = tf.convert_to_tensor(pattern.row_major_order, dtype=tf.int32)
-    shape = tuple(int(s) for s in pattern.shape)
     if use_kernel is None:
         use_kernel = use_compiled_kernels()
     if use_kernel:
@@ -74,7 +74,25 @@ def sparse_matmul(x, values, pattern, use_kernel=None, bias=None):
         product = segment_sum_product  # XLA compiles neither ours nor the CSR ops
     else:
         product = _csr_product
-    input_dim, units = shape
+    units = int(pattern.shape[1])
+    inputs = [x, values] + ([] if bias is None else [bias])
+    if tf.executing_eagerly() and not _tf_internal.gradient_may_be_recorded(inputs):
+        # No tape watches the inputs, so no gradient can be asked for: the
+        # product alone, without tf.custom_gradient's bookkeeping per eager
+        # call (a variable watcher, an inspection of the gradient function,
+        # an identity op), which costs more than the product at small batches.
+        y = product(x, values, rows, cols, units=units, bias=bias)
+    else:
+        y = _differentiable_product(product, x, values, rows, cols, pattern, bias, use_kernel)
+    # tf.custom_gradient drops static shapes; the output's is known.
+    y.set_shape(x.shape[:-1].concatenate([units]))
+    return y
+
+
+def _differentiable_product(product, x, values, rows, cols, pattern, bias, use_kernel):
+    """``product(x, values, ...)`` with its exact gradients (SpMM and SDDMM)."""
+    order = tf.convert_to_tensor(pattern.row_major_order, dtype=tf.int32)
+    input_dim, units = (int(s) for s in pattern.shape)
 
     def backward(x, values, dy):
         # dy @ W^T: the kernel W^T has the rows and cols of W swapped, and
@@ -99,21 +117,16 @@ def sparse_matmul(x, values, pattern, use_kernel=None, bias=None):
                 backward, x, values
             )
 
-        y = matmul(x, values)
-    else:
-        bias = tf.convert_to_tensor(bias, dtype=x.dtype)
+        return matmul(x, values)
 
-        @tf.custom_gradient
-        def matmul_bias(x, values, bias):
-            def grad(dy):
-                return backward(x, values, dy) + (tf.reduce_sum(dy, axis=0),)
+    @tf.custom_gradient
+    def matmul_bias(x, values, bias):
+        def grad(dy):
+            return backward(x, values, dy) + (tf.reduce_sum(dy, axis=0),)
 
-            return product(x, values, rows, cols, units=units, bias=bias), grad
+        return product(x, values, rows, cols, units=units, bias=bias), grad
 
-        y = matmul_bias(x, values, bias)
-    # tf.custom_gradient drops static shapes; the output's is known.
-    y.set_shape(x.shape[:-1].concatenate([units]))
-    return y
+    return matmul_bias(x, values, bias)
 
 
 # Both products compute x @ K for a kernel K with nonzeros ``values`` at
