@@ -391,7 +391,7 @@ class ConvCall {
     const int64_t lanes = RunLanes<T>(isa_);
     const int64_t bands = (out_h + band - 1) / band;
     const int64_t channels = terms.groups;
-    const int64_t tile_size = channels * tfsparse::isa_portable::kCells * lanes;
+    const int64_t tile_size = channels * (tfsparse::isa_portable::kCells + 1) * lanes;
     const int64_t src_image = src_h * src_w * layout.channels;
     const int64_t out_image = out_h * out_w * channels;
     // Planar rows per output row (FillInterleaved's rows hold every channel).
