@@ -72,13 +72,16 @@ def test_output_and_gradients_equal_dense_conv2d(use_kernel, compile_with, strid
 
 
 @pytest.mark.parametrize("use_kernel", PATHS)
+@pytest.mark.parametrize("dilation", [1, 2])
 @pytest.mark.parametrize("strides,padding", [(1, "same"), (1, "valid"), (2, "same"),
                                              (2, "valid")])
-def test_wide_layers_equal_dense_conv2d(use_kernel, strides, padding):
+def test_wide_layers_equal_dense_conv2d(use_kernel, strides, padding, dilation):
     # Rows and channels wider than a vector (and not multiples of one): the
-    # compiled kernels' block transposes, their edges and several vectors
-    # per output row.
-    _check_against_dense_conv2d(use_kernel, _eager, strides, padding, 1, (9, 37), 2,
+    # compiled kernels' block transposes, their edges, several vectors per
+    # output row (the forward pass interleaves their columns across the
+    # lanes, the last lanes of each vector partly past the row) and taps
+    # that land in other vectors.
+    _check_against_dense_conv2d(use_kernel, _eager, strides, padding, dilation, (9, 37), 2,
                                 (3, 3, 21, 18))
 
 

@@ -18,14 +18,17 @@
 //
 // Memory: no dense kernel and no im2col buffer. Each block of work units
 // (a few per thread) allocates the planar copy of one unit's input rows (its
-// band plus the taps' halo, zero padded: about one image of the input; for
-// the input gradient one image of dy times the stride squared) and a tile of
-// the band's output in planar layout (about one output image); the values
+// band plus the taps' halo, zero padded: for the forward pass about one
+// image of the input, up to (vectors + taps' extent) / vectors times wider
+// with its interleaved columns, and no more than 1 MiB; for the input
+// gradient one image of dy times the stride squared) and a tile of filters
+// x kCells output vectors (32 KiB for 64 filters with AVX-512); the values
 // gradient, per group of images, one planar image of x and of dy, and
 // [groups, nnz, lanes] partial sums. Conv2D's own workspace is larger (an
 // im2col buffer of kh * kw times the input, or oneDNN's blocked copies of
 // the whole input and output).
 #include <algorithm>
+#include <cstdlib>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -70,6 +73,14 @@ struct ConvTerms {
   const int64_t* index;
 };
 
+// Where Correlate's output vectors go: vector v of a row starts at
+// planar[v * vector_step] and its lane l is output column v * lanes + l,
+// or l * vectors + v if interleaved (FillInterleaved's layout).
+struct OutputVectors {
+  int64_t vector_step;
+  bool interleaved;
+};
+
 #define TFSPARSE_VARIANT_SOURCE "sparse_conv_variant.inc"
 #include "variants.inc"
 
@@ -84,11 +95,17 @@ void RunFillPlanar(Isa isa, const T* src, int64_t height, int64_t width, const P
 }
 
 template <typename T>
+void RunFillInterleaved(Isa isa, const T* src, int64_t height, int64_t width,
+                        const Placement& at, int64_t span, const PlanarLayout& layout, T* dst) {
+  TFSPARSE_DISPATCH(isa, FillInterleaved<T>, src, height, width, at, span, layout, dst);
+}
+
+template <typename T>
 void RunCorrelate(Isa isa, const T* planar, const ConvTerms<T>& terms, const T* bias,
-                  int64_t out_rows, int64_t out_width, int64_t row_step, bool stream, T* tile,
-                  T* out) {
+                  int64_t out_rows, int64_t out_width, int64_t row_step, OutputVectors vectors,
+                  bool stream, T* tile, T* out) {
   TFSPARSE_DISPATCH(isa, Correlate<T>, planar, terms, bias, out_rows, out_width, row_step,
-                    stream, tile, out);
+                    vectors, stream, tile, out);
 }
 
 template <typename T>
@@ -120,10 +137,19 @@ void ParallelUnits(OpKernelContext* ctx, int64_t units,
 // all workers' together are stored past the caches (StreamVec).
 constexpr int64_t kCacheBytesPerThread = int64_t{1} << 20;
 
-// An uninitialised scratch array (every user overwrites it first).
+// An uninitialised scratch array (every user overwrites it first), aligned
+// to a cache line (the widest vector).
+struct FreeScratch {
+  void operator()(void* p) const { std::free(p); }
+};
 template <typename T>
-std::unique_ptr<T[]> Scratch(int64_t size) {
-  return std::unique_ptr<T[]>(new T[std::max<int64_t>(size, 1)]);
+using ScratchArray = std::unique_ptr<T[], FreeScratch>;
+template <typename T>
+ScratchArray<T> Scratch(int64_t size) {
+  constexpr int64_t kAlign = 64;
+  const int64_t bytes = std::max<int64_t>(size, 1) * sizeof(T);
+  return ScratchArray<T>(
+      static_cast<T*>(std::aligned_alloc(kAlign, (bytes + kAlign - 1) / kAlign * kAlign)));
 }
 
 #define TFSPARSE_CONV_ATTRS                     \
@@ -203,6 +229,28 @@ struct GroupedTerms {
   ConvTerms<T> View() const {
     return ConvTerms<T>{static_cast<int64_t>(start.size()) - 1, start.data(), offset.data(),
                         value.data(), index.data()};
+  }
+
+  // Orders each group's terms by offset: a group's terms then read the
+  // planar source in one sweep.
+  void SortByOffset() {
+    std::vector<int64_t> order;
+    for (size_t g = 0; g + 1 < start.size(); ++g) {
+      order.resize(start[g + 1] - start[g]);
+      for (size_t i = 0; i < order.size(); ++i) order[i] = start[g] + i;
+      std::sort(order.begin(), order.end(),
+                [&](int64_t a, int64_t b) { return offset[a] < offset[b]; });
+      std::vector<int64_t> o(order.size()), x(order.size());
+      std::vector<T> v(order.size());
+      for (size_t i = 0; i < order.size(); ++i) {
+        o[i] = offset[order[i]];
+        x[i] = index[order[i]];
+        v[i] = value[order[i]];
+      }
+      std::copy(o.begin(), o.end(), offset.begin() + start[g]);
+      std::copy(x.begin(), x.end(), index.begin() + start[g]);
+      std::copy(v.begin(), v.end(), value.begin() + start[g]);
+    }
   }
 };
 
@@ -301,8 +349,8 @@ class ConvCall {
     return absl::OkStatus();
   }
 
-  // The planar layout of x for `band` output rows, as the forward pass and
-  // the values gradient read it, and the terms grouped by filter.
+  // The planar layout of x for `band` output rows, as the values gradient
+  // reads it, and the terms grouped by filter.
   PlanarLayout ForwardLayout(int64_t band, int64_t lanes) const {
     const int64_t vectors = (cols_.out + lanes - 1) / lanes;
     return PlanarLayout{channels_, cols_.stride,
@@ -329,38 +377,79 @@ class ConvCall {
     return std::max<int64_t>(1, (out_rows + bands_per_image - 1) / bands_per_image);
   }
 
+  // Fills a unit's planar source: (image, placement with the unit's first
+  // row, planar buffer).
+  using Fill = std::function<void(const T*, const Placement&, T*)>;
+
   // Runs fill + Correlate over (image, band) units into `out` [B, out_h,
-  // out_w, terms.groups], the source being `src` [B, src_h, src_w, C'].
+  // out_w, channels], the source being `src` [B, src_h, src_w, C'].
   void CorrelateUnits(OpKernelContext* ctx, const T* src, int64_t src_h, int64_t src_w,
-                      const PlanarLayout& layout, Placement at, int64_t band,
-                      int64_t row_step, int64_t out_h, int64_t out_w,
-                      const ConvTerms<T>& terms, const T* bias, T* out) {
+                      const PlanarLayout& layout, const Fill& fill, Placement at,
+                      int64_t band, int64_t row_step, OutputVectors vectors, int64_t out_h,
+                      int64_t out_w, const ConvTerms<T>& terms, const T* bias, T* out) {
     if (out_h == 0 || out_w == 0 || batch_ == 0) return;
     const int64_t lanes = RunLanes<T>(isa_);
     const int64_t bands = (out_h + band - 1) / band;
-    const int64_t vectors = (out_w + lanes - 1) / lanes;
-    const int64_t tile_size = terms.groups * (band * vectors + 8) * lanes;
+    const int64_t channels = terms.groups;
+    const int64_t tile_size = channels * (tfsparse::isa_portable::kCells + 1) * lanes;
     const int64_t src_image = src_h * src_w * layout.channels;
-    const int64_t out_image = out_h * out_w * terms.groups;
-    const int64_t rows_per_out = row_step / layout.pitch;  // planar rows per output row
+    const int64_t out_image = out_h * out_w * channels;
+    // Planar rows per output row (FillInterleaved's rows hold every channel).
+    const int64_t rows_per_out =
+        row_step / (layout.pitch * (vectors.interleaved ? layout.channels : 1));
     // An output larger than the workers' caches is written past them.
     const auto& workers = *ctx->device()->tensorflow_cpu_worker_threads();
     const bool stream = batch_ * out_image * static_cast<int64_t>(sizeof(T)) >
                         kCacheBytesPerThread * workers.num_threads;
     ParallelUnits(ctx, batch_ * bands, [&](int64_t begin, int64_t end) {
-            auto planar = Scratch<T>(layout.Size() + 2 * lanes);
-            auto tile = Scratch<T>(tile_size);
-            for (int64_t unit = begin; unit < end; ++unit) {
-              const int64_t b = unit / bands, first = unit % bands * band;
-              const int64_t rows = std::min(band, out_h - first);
-              Placement here = at;
-              here.row0 = first * rows_per_out;
-              RunFillPlanar<T>(isa_, src + b * src_image, src_h, src_w, here, layout,
-                               planar.get());
-              RunCorrelate<T>(isa_, planar.get(), terms, bias, rows, out_w, row_step, stream,
-                              tile.get(), out + b * out_image + first * out_w * terms.groups);
-            }
+      auto planar = Scratch<T>(layout.Size() + 2 * lanes);
+      auto tile = Scratch<T>(tile_size);
+      for (int64_t unit = begin; unit < end; ++unit) {
+        const int64_t b = unit / bands, first = unit % bands * band;
+        const int64_t rows = std::min(band, out_h - first);
+        Placement here = at;
+        here.row0 = first * rows_per_out;
+        fill(src + b * src_image, here, planar.get());
+        RunCorrelate<T>(isa_, planar.get(), terms, bias, rows, out_w, row_step, vectors,
+                        stream, tile.get(), out + b * out_image + first * out_w * channels);
+      }
     });
+  }
+
+  // The planar layout of x for `band` output rows as the forward pass reads
+  // it (FillInterleaved): each row `vectors` output vectors wide, plus the
+  // taps' extent, in steps of the column stride.
+  PlanarLayout InterleavedLayout(int64_t band, int64_t lanes) const {
+    const int64_t vectors = (cols_.out + lanes - 1) / lanes;
+    return PlanarLayout{channels_, 1,
+                        (band - 1) * rows_.stride + (rows_.kernel - 1) * rows_.dilation + 1,
+                        ((vectors - 1) * cols_.stride + (cols_.kernel - 1) * cols_.dilation + 1) *
+                            lanes};
+  }
+
+  // Bands of output rows no taller than the workers' share (Band), with a
+  // planar source the L2 cache can hold.
+  int64_t InterleavedBand(int64_t threads, int64_t lanes) const {
+    const PlanarLayout one = InterleavedLayout(1, lanes);
+    const int64_t row_bytes = one.channels * one.pitch * sizeof(T);
+    const int64_t rows_held = kCacheBytesPerThread / std::max<int64_t>(row_bytes, 1);
+    const int64_t cap = std::max<int64_t>(1, (rows_held - one.rows) / rows_.stride + 1);
+    return std::min(Band(rows_.out, threads), cap);
+  }
+
+  // The terms by filter, each filter's in order of their offsets into the
+  // InterleavedLayout ([row][channel][pitch]).
+  GroupedTerms<T> InterleavedTerms(OpKernelContext* ctx, const PlanarLayout& layout,
+                                   int64_t lanes, const T* values) {
+    const int32* r = Rows(ctx);
+    GroupedTerms<T> grouped = Group<T>(
+        nnz_, filters_, values, [&](int64_t k) { return Cols(ctx)[k]; },
+        [&](int64_t k) {
+          return (TapRow(r[k]) * rows_.dilation * channels_ + Channel(r[k])) * layout.pitch +
+                 TapCol(r[k]) * cols_.dilation * lanes;
+        });
+    grouped.SortByOffset();
+    return grouped;
   }
 
   void Forward(OpKernelContext* ctx) {
@@ -372,13 +461,22 @@ class ConvCall {
     Tensor* y = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(
                             0, TensorShape({batch_, rows_.out, cols_.out, filters_}), &y));
+    if (batch_ == 0 || rows_.out == 0 || cols_.out == 0) return;
     const auto& workers = *ctx->device()->tensorflow_cpu_worker_threads();
-    const int64_t band = Band(rows_.out, workers.num_threads);
-    const PlanarLayout layout = ForwardLayout(band, RunLanes<T>(isa_));
-    const GroupedTerms<T> terms = ForwardTerms(ctx, layout, ctx->input(1).flat<T>().data());
+    const int64_t lanes = RunLanes<T>(isa_);
+    const int64_t band = InterleavedBand(workers.num_threads, lanes);
+    const PlanarLayout layout = InterleavedLayout(band, lanes);
+    const GroupedTerms<T> terms =
+        InterleavedTerms(ctx, layout, lanes, ctx->input(1).flat<T>().data());
+    const int64_t span = (cols_.out + lanes - 1) / lanes * cols_.stride;
+    const Fill fill = [&](const T* image, const Placement& here, T* planar) {
+      RunFillInterleaved<T>(isa_, image, rows_.in, cols_.in, here, span, layout, planar);
+    };
     const Placement at{1, 1, rows_.pad_before, cols_.pad_before, 0};
-    CorrelateUnits(ctx, ctx->input(0).flat<T>().data(), rows_.in, cols_.in, layout, at, band,
-                   rows_.stride * layout.pitch, rows_.out, cols_.out, terms.View(),
+    CorrelateUnits(ctx, ctx->input(0).flat<T>().data(), rows_.in, cols_.in, layout, fill, at,
+                   band, rows_.stride * channels_ * layout.pitch,
+                   OutputVectors{cols_.stride * lanes, true},
+                   rows_.out, cols_.out, terms.View(),
                    bias.NumElements() == 0 ? nullptr : bias.flat<T>().data(),
                    y->flat<T>().data());
   }
@@ -413,9 +511,12 @@ class ConvCall {
         });
     const Placement at{rows_.stride, cols_.stride, extent_h - rows_.pad_before,
                        extent_w - cols_.pad_before, 0};
-    CorrelateUnits(ctx, ctx->input(0).flat<T>().data(), rows_.out, cols_.out, layout, at,
-                   band, layout.pitch, rows_.in, cols_.in, terms.View(), nullptr,
-                   dx->flat<T>().data());
+    const Fill fill = [&](const T* image, const Placement& here, T* planar) {
+      RunFillPlanar<T>(isa_, image, rows_.out, cols_.out, here, layout, planar);
+    };
+    CorrelateUnits(ctx, ctx->input(0).flat<T>().data(), rows_.out, cols_.out, layout, fill, at,
+                   band, layout.pitch, OutputVectors{lanes, false}, rows_.in, cols_.in,
+                   terms.View(), nullptr, dx->flat<T>().data());
   }
 
   // The input gradient term by term on channels-last tensors (slow, exact
