@@ -101,9 +101,14 @@ def torch_candidates(matrix, batch):
         with torch.no_grad():
             return layer(x).numpy()
 
+    # As sparse_dense_speed's step, the step of a layer inside a network: the
+    # gradient with respect to the input too.
+    x_watched = x.clone().requires_grad_(True)
+
     def train_step():
         optimizer.zero_grad()
-        loss = torch.mean(torch.square(layer(x) - target))
+        x_watched.grad = None
+        loss = torch.mean(torch.square(layer(x_watched) - target))
         loss.backward()
         optimizer.step()
         return loss.item()

@@ -3,9 +3,9 @@
     python benchmarks/sparse_conv_speed.py [--isa all|avx512|avx2|portable] [--repeats 10]
 
 Issue 15's case: one 3x3 layer, 64 -> 64 channels, 32 x 32 input, stride 1,
-"same", batch 32, float32, at 80/90/95/98% sparsity; then a strided (stride
-2) and a 1x1 layer at 95%. For each: inference and a training step (forward,
-gradients, SGD update) of SparseConv2D (compiled kernels in the variant
+"same", batch 32, float32, at 80/90/95/98% sparsity, and the same for a strided
+(stride 2) and a 1x1 layer. For each: inference and a training step (forward,
+the input and weight gradients, SGD update) of SparseConv2D (compiled kernels in the variant
 asked, and TensorFlow's CSR ops: the GPU / kernels-off path) and of Conv2D
 with the same masked kernel, interleaved in one process (medians). Prints
 the CPU, the kernel variant, times and ratios, the issue's targets, the
@@ -31,11 +31,12 @@ from timing import interleaved_medians  # noqa: E402
 # SparseProp's SparseConv2d (PyTorch, CPU) at 95% sparsity, as multiples of
 # TensorFlow's Conv2D: inference, training step (issue 15, AMD EPYC Zen 3).
 SPARSEPROP = (2.0, 2.0)
-CASES = [  # (name, kernel size, stride, sparsity)
-    *[(f"3x3 s1 {s:.0%}", 3, 1, s) for s in (0.80, 0.90, 0.95, 0.98)],
-    ("3x3 s2 95%", 3, 2, 0.95),
-    ("1x1 s1 95%", 1, 1, 0.95),
-]
+# The geometry classes sparsify's default rule tells apart
+# (tfsparse/layers/_conversion.py, CONV2D_CROSSOVER_DENSITY): (kernel size, stride).
+GEOMETRIES = {"3x3 s1": (3, 1), "3x3 s2": (3, 2), "1x1 s1": (1, 1)}
+SPARSITIES = (0.80, 0.90, 0.95, 0.98)
+CASES = [(f"{geometry} {sparsity:.0%}", kernel, stride, sparsity)  # (name, size, stride, sparsity)
+         for geometry, (kernel, stride) in GEOMETRIES.items() for sparsity in SPARSITIES]
 
 
 class TensorFlowOpsSparseConv2D(SparseConv2D):
@@ -92,6 +93,21 @@ def run_case(name, kernel_size, stride, sparsity, args, rng):
     return infer["Conv2D"] / infer["SparseConv2D"], train["Conv2D"] / train["SparseConv2D"]
 
 
+def crossovers(ratios):
+    """{(geometry, mode): the lowest sparsity from which sparse is faster at every
+    higher one measured, or None}."""
+    found = {}
+    for geometry in GEOMETRIES:
+        for index, mode in enumerate(("inference", "training step")):
+            lowest = None
+            for sparsity in reversed(SPARSITIES):  # from the sparsest down
+                if ratios[f"{geometry} {sparsity:.0%}"][index] <= 1:
+                    break
+                lowest = sparsity
+            found[geometry, mode] = lowest
+    return found
+
+
 def run_variant(args):
     print(f"\nkernel variant: {kernels.isa()}")
     rng = np.random.default_rng(0)
@@ -104,10 +120,25 @@ def run_variant(args):
                                    ("training step", train, SPARSEPROP[1])):
         print(f"{'PASS' if ratio > peer else 'FAIL'}  {goal_name} at 95% beats SparseProp's "
               f"{peer:.1f}x Conv2D (issue 15, AMD EPYC Zen 3): {ratio:.2f}x")
-    for index, title in enumerate(("inference", "training step")):
-        faster = [c[3] for c in CASES[:4] if ratios[c[0]][index] > 1]
-        print(f"3x3 s1 {title}: sparse faster from sparsity "
-              + (f"{min(faster):.0%}" if faster else "none of 80-98%"))
+    found = crossovers(ratios)
+    for (geometry, mode), lowest in found.items():
+        print(f"{geometry} {mode}: sparse faster from sparsity "
+              + (f"{lowest:.0%}" if lowest is not None else "none of 80-98%"))
+    return found
+
+
+def print_crossover_densities(found_by_variant):
+    """The density below which sparse was faster in both modes on every variant run."""
+    print(f"\ncrossover density per geometry, inference and training step on "
+          f"{', '.join(found_by_variant)} (sparsify's default rule):")
+    for geometry in GEOMETRIES:
+        lowest = [found[geometry, mode] for found in found_by_variant.values()
+                  for mode in ("inference", "training step")]
+        if any(sparsity is None for sparsity in lowest):
+            print(f"  {geometry}: none (sparse not faster at every sparsity up to "
+                  f"{SPARSITIES[-1]:.0%} in some mode)")
+        else:
+            print(f"  {geometry}: {1 - max(lowest):.2f}")
 
 
 def main():
@@ -125,9 +156,11 @@ def main():
           f"float32; medians of {args.repeats} interleaved runs")
     variants = kernels.supported_isas() if args.isa == "all" else (
         [args.isa] if args.isa else [kernels.isa()])
+    found_by_variant = {}
     for variant in variants:
         with kernels.use_isa(variant):
-            run_variant(args)
+            found_by_variant[kernels.isa()] = run_variant(args)
+    print_crossover_densities(found_by_variant)
 
 
 if __name__ == "__main__":

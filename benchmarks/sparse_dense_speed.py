@@ -5,8 +5,9 @@
 
 Measures, in one process and interleaved (medians of repeated runs), for
 each batch size:
-  * a training step (forward, gradients, SGD update) of SparseDense (compiled
-    kernels on each chosen variant, and TensorFlow's CSR ops: its GPU path),
+  * a training step (forward, the input and weight gradients, SGD update)
+    of SparseDense (compiled kernels on each chosen variant, and
+    TensorFlow's CSR ops: its GPU path),
     Dense, and a layer built on tf.sparse.sparse_dense_matmul, each a
     tf.function (as Keras's fit runs its steps);
   * inference of SparseDense, Dense and SciPy's CSR product (one thread), the
@@ -79,20 +80,28 @@ class TensorFlowOpsSparseDense(SparseDense):
 
 
 def train_step_fn(layer, x, target, variant=None):
-    """One SGD step as a zero-argument callable, traced under ``variant``."""
+    """One SGD step of ``layer`` as a zero-argument callable, traced under ``variant``.
+
+    The step of a layer inside a network: the forward pass, the gradients of
+    the loss with respect to the layer's input (what the layers below it
+    need) and to its weights, and the update. The input gradient is returned
+    from the function: a tf.function prunes what nothing uses, so with a
+    constant input and no output it would never be computed.
+    """
     optimizer = keras.optimizers.SGD(1e-3)
 
     @tf.function
     def step():
         with tf.GradientTape() as tape:
+            tape.watch(x)
             loss = tf.reduce_mean(tf.square(layer(x) - target))
-        grads = tape.gradient(loss, layer.trainable_weights)
+        input_gradient, *grads = tape.gradient(loss, [x, *layer.trainable_weights])
         optimizer.apply_gradients(zip(grads, layer.trainable_weights))
-        return loss
+        return loss, input_gradient
 
     with kernels.use_isa(variant) if variant else contextlib.nullcontext():
         step.get_concrete_function()
-    return lambda: step().numpy()
+    return lambda: step()[0].numpy()
 
 
 def chosen_variants(isa):
