@@ -93,6 +93,19 @@ def test_outputs_larger_than_the_caches_equal_dense_conv2d(use_kernel):
                                 (3, 3, 32, 32))
 
 
+@pytest.mark.parametrize("use_kernel", PATHS)
+@pytest.mark.parametrize("strides,padding,kernel_size", [
+    ((1, 2), "same", (3, 3)), ((3, 2), "valid", (3, 2)), ((2, 2), "same", (1, 1)),
+    ((3, 3), "same", (2, 4))])
+def test_strided_input_gradient_equals_dense_conv2d(use_kernel, strides, padding, kernel_size):
+    # The compiled input gradient computes each stride phase of dx (every
+    # stride-th row and column) from the taps that reach it: unequal strides,
+    # phases of unequal sizes, and phases no tap reaches (a 1x1 kernel with
+    # stride 2, two taps with stride 3), whose dx is zero.
+    _check_against_dense_conv2d(use_kernel, _eager, strides, padding, 1, (7, 8), 2,
+                                (*kernel_size, 3, 5))
+
+
 def _check_against_dense_conv2d(use_kernel, compile_with, strides, padding, dilation, size,
                                 batch, kernel_shape):
     kh, kw, cin, filters = kernel_shape
@@ -101,7 +114,8 @@ def _check_against_dense_conv2d(use_kernel, compile_with, strides, padding, dila
         scipy.sparse.csr_matrix(kernel.reshape(-1, filters)))
     rng = np.random.default_rng(1)
     x = rng.standard_normal((batch, *size, cin))
-    strides, dilation = (strides, strides), (dilation, dilation)
+    strides = strides if isinstance(strides, tuple) else (strides, strides)
+    dilation = (dilation, dilation)
     bias = rng.standard_normal(filters)
     x32, values32, bias32 = (tf.constant(a, tf.float32) for a in (x, values, bias))
 

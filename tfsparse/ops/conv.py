@@ -43,7 +43,8 @@ def sparse_conv2d(x, values, pattern, kernel_size, strides=(1, 1), padding="vali
       sparse convolution: each output row segment of a filter is summed in
       registers over that filter's nonzeros (each a shifted input row times
       its value); the input gradient is the same sum over dy through the
-      flipped kernel, the values gradient blocked dot products of the two.
+      flipped kernel (split by the stride's phases, so only real terms are
+      multiplied), the values gradient blocked dot products of the two.
       Each thread lays out one image's rows at a time in planar form;
     * otherwise (GPU, kernels off, exported SavedModels, which then hold core
       TensorFlow ops only) as a sum over the ``kh * kw`` taps of each tap's
@@ -141,7 +142,8 @@ def _compiled_conv2d(x, values, rows, cols, filters, kernel_size, strides, paddi
     The kernels pad, and lay out the rows of one image at a time that they
     work on, themselves (sparse_conv.cc says what they allocate: per thread
     about one image's input and output); the bias is added in the forward
-    pass. No tensor besides the outputs and gradients is allocated here.
+    pass, and its gradient summed with the values gradient. No tensor
+    besides the outputs and gradients is allocated here.
     """
     library = kernels._library()  # noqa: SLF001  (the ops of sparse_conv.cc)
     attrs = dict(filters=filters, kernel_size=list(kernel_size), strides=list(strides),
@@ -151,23 +153,24 @@ def _compiled_conv2d(x, values, rows, cols, filters, kernel_size, strides, paddi
         return library.tfsparse_sparse_conv_forward(x, values, rows, cols, bias, **attrs)
 
     def gradients(x, values, dy):
+        """``dx``, ``dvalues`` and ``dbias`` (computed alongside ``dvalues``)."""
         dx = library.tfsparse_sparse_conv_backprop_input(
             dy, values, rows, cols, tf.shape(x), **attrs)
-        return dx, library.tfsparse_sparse_conv_backprop_values(x, dy, rows, cols, **attrs)
+        dvalues, dbias = library.tfsparse_sparse_conv_backprop_values(
+            x, dy, rows, cols, **attrs)
+        return dx, dvalues, dbias
 
     if bias is None:
         @tf.custom_gradient
         def conv(x, values):
-            return forward(x, values, tf.zeros([0], x.dtype)), lambda dy: gradients(x, values, dy)
+            return (forward(x, values, tf.zeros([0], x.dtype)),
+                    lambda dy: gradients(x, values, dy)[:2])
 
         return conv(x, values)
 
     @tf.custom_gradient
     def conv_with_bias(x, values, bias):
-        def grad(dy):
-            return (*gradients(x, values, dy), tf.reduce_sum(dy, [0, 1, 2]))
-
-        return forward(x, values, bias), grad
+        return forward(x, values, bias), lambda dy: gradients(x, values, dy)
 
     return conv_with_bias(x, values, tf.cast(bias, x.dtype))
 

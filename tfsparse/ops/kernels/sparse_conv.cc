@@ -6,25 +6,28 @@
 //
 //   TfsparseSparseConvForward        x [B, H, W, C], bias -> y [B, OH, OW, F]
 //   TfsparseSparseConvBackpropInput  dy [B, OH, OW, F]    -> dx [B, H, W, C]
-//   TfsparseSparseConvBackpropValues x, dy                -> dv [nnz]
+//   TfsparseSparseConvBackpropValues x, dy                -> dv [nnz], dbias [F]
 //
 // The forward pass and the input gradient are one correlation
-// (sparse_conv_variant.inc): the input gradient is the forward pass of dy,
-// with zeros inserted between its pixels for a stride above 1, through the
-// kernel flipped in both taps with C and F swapped. Work units are (image,
-// band of output rows) on TensorFlow's intra-op pool; the values gradient
-// splits the batch into groups of images (four per thread) and sums the groups'
-// partial gradients at the end.
+// (sparse_conv_variant.inc): the input gradient is the forward pass of dy
+// through the kernel flipped in both taps with C and F swapped, split by
+// the stride's phases (one per stride-th row and column of dx, each fed by
+// the taps that reach it) so that no zeros are inserted and multiplied.
+// Work units are (image, band of output rows) on TensorFlow's intra-op
+// pool; the values gradient (with the bias gradient, dy summed per filter)
+// splits the batch into groups of images (four per thread) and sums the
+// groups' partial gradients at the end.
 //
 // Memory: no dense kernel and no im2col buffer. Each block of work units
 // (a few per thread) allocates the planar copy of one unit's input rows (its
 // band plus the taps' halo, zero padded: for the forward pass about one
 // image of the input, up to (vectors + taps' extent) / vectors times wider
 // with its interleaved columns, and no more than 1 MiB; for the input
-// gradient one image of dy times the stride squared) and a tile of filters
-// x kCells output vectors (32 KiB for 64 filters with AVX-512); the values
+// gradient about one image of dy, filled once for all the stride's phases)
+// and a tile of channels x (kCells + 1) output vectors (a block and its
+// staging: 36 KiB for 64 filters of floats with AVX-512); the values
 // gradient, per group of images, one planar image of x and of dy, and
-// [groups, nnz, lanes] partial sums. Conv2D's own workspace is larger (an
+// [groups, nnz + F, lanes] partial sums. Conv2D's own workspace is larger (an
 // im2col buffer of kh * kw times the input, or oneDNN's blocked copies of
 // the whole input and output).
 #include <algorithm>
@@ -59,6 +62,13 @@ struct PlanarLayout {
 // column w * up_w + pad_left.
 struct Placement {
   int64_t up_h, up_w, pad_top, pad_left, row0;
+};
+
+// Where an NHWC output goes: the elements between its images, rows and
+// pixels (a stride's phase of the input gradient is every stride-th row and
+// pixel of dx).
+struct OutputStrides {
+  int64_t image, row, pixel;
 };
 
 // The nonzeros grouped by output channel (filter, or input channel for the
@@ -103,9 +113,9 @@ void RunFillInterleaved(Isa isa, const T* src, int64_t height, int64_t width,
 template <typename T>
 void RunCorrelate(Isa isa, const T* planar, const ConvTerms<T>& terms, const T* bias,
                   int64_t out_rows, int64_t out_width, int64_t row_step, OutputVectors vectors,
-                  bool stream, T* tile, T* out) {
+                  bool stream, T* tile, T* out, const OutputStrides& out_at) {
   TFSPARSE_DISPATCH(isa, Correlate<T>, planar, terms, bias, out_rows, out_width, row_step,
-                    vectors, stream, tile, out);
+                    vectors, stream, tile, out, out_at);
 }
 
 template <typename T>
@@ -114,6 +124,11 @@ void RunValuesGradient(Isa isa, const T* x_planar, const T* dy_planar,
                        int64_t row_step, T* dv) {
   TFSPARSE_DISPATCH(isa, ValuesGradient<T>, x_planar, dy_planar, terms, out_rows, out_width,
                     row_step, dv);
+}
+
+template <typename T>
+void RunAddPlaneSums(Isa isa, const T* planar, int64_t planes, int64_t plane_size, T* sums) {
+  TFSPARSE_DISPATCH(isa, AddPlaneSums<T>, planar, planes, plane_size, sums);
 }
 
 template <typename T>
@@ -195,9 +210,13 @@ REGISTER_OP("TfsparseSparseConvBackpropValues")
     .Input("rows: int32")
     .Input("cols: int32")
     .Output("dv: T")
+    .Output("dbias: T")
     .TFSPARSE_CONV_ATTRS
     .SetShapeFn([](shape_inference::InferenceContext* c) {
       c->set_output(0, c->input(2));
+      int64_t filters;
+      TF_RETURN_IF_ERROR(c->GetAttr("filters", &filters));
+      c->set_output(1, c->MakeShape({c->MakeDim(filters)}));
       return absl::OkStatus();
     });
 
@@ -220,7 +239,8 @@ Axis MakeAxis(int64_t in, int64_t kernel, int64_t stride, int64_t dilation, bool
   return a;
 }
 
-// The nonzeros sorted (stably, by counting) into groups by `key`.
+// The nonzeros sorted (stably, by counting) into groups by `key`; those
+// with a negative key are left out.
 template <typename T>
 struct GroupedTerms {
   std::vector<int64_t> start, offset, index;
@@ -258,13 +278,16 @@ template <typename T, typename Key, typename Offset>
 GroupedTerms<T> Group(int64_t nnz, int64_t groups, const T* values, Key key, Offset offset) {
   GroupedTerms<T> g;
   g.start.assign(groups + 1, 0);
-  for (int64_t k = 0; k < nnz; ++k) ++g.start[key(k) + 1];
+  for (int64_t k = 0; k < nnz; ++k) {
+    if (key(k) >= 0) ++g.start[key(k) + 1];
+  }
   for (int64_t o = 0; o < groups; ++o) g.start[o + 1] += g.start[o];
   std::vector<int64_t> next(g.start.begin(), g.start.end() - 1);
-  g.offset.resize(nnz);
-  g.index.resize(nnz);
-  g.value.resize(nnz);
+  g.offset.resize(g.start[groups]);
+  g.index.resize(g.start[groups]);
+  g.value.resize(g.start[groups]);
   for (int64_t k = 0; k < nnz; ++k) {
+    if (key(k) < 0) continue;
     const int64_t at = next[key(k)]++;
     g.offset[at] = offset(k);
     g.index[at] = k;
@@ -272,6 +295,15 @@ GroupedTerms<T> Group(int64_t nnz, int64_t groups, const T* values, Key key, Off
   }
   return g;
 }
+
+// One correlation CorrelateUnits computes from the units' planar source:
+// its terms, its output (image 0, row 0) and its size.
+template <typename T>
+struct CorrelateTarget {
+  ConvTerms<T> terms;
+  T* out;
+  int64_t out_h, out_w;
+};
 
 // The op's attributes.
 struct ConvSettings {
@@ -322,8 +354,16 @@ class ConvCall {
   }
 
  private:
-  const int32* Rows(OpKernelContext* ctx) { return ctx->input(2).flat<int32>().data(); }
-  const int32* Cols(OpKernelContext* ctx) { return ctx->input(3).flat<int32>().data(); }
+  // The nonzeros' im2col rows and columns (looked up once: they are read
+  // per nonzero).
+  const int32* Rows(OpKernelContext* ctx) {
+    if (rows_of_ == nullptr) rows_of_ = ctx->input(2).flat<int32>().data();
+    return rows_of_;
+  }
+  const int32* Cols(OpKernelContext* ctx) {
+    if (cols_of_ == nullptr) cols_of_ = ctx->input(3).flat<int32>().data();
+    return cols_of_;
+  }
   // Tap (i, j) and channel of nonzero k.
   int64_t TapRow(int64_t r) const { return r / channels_ / pairs_[0][1]; }
   int64_t TapCol(int64_t r) const { return r / channels_ % pairs_[0][1]; }
@@ -381,37 +421,48 @@ class ConvCall {
   // row, planar buffer).
   using Fill = std::function<void(const T*, const Placement&, T*)>;
 
-  // Runs fill + Correlate over (image, band) units into `out` [B, out_h,
-  // out_w, channels], the source being `src` [B, src_h, src_w, C'].
+  // Runs fill + Correlate over (image, band) units, the source being `src`
+  // [B, src_h, src_w, C']: each unit fills its planar rows once and computes
+  // every target's rows [first, first + band) from them, written `out_at`
+  // apart.
   void CorrelateUnits(OpKernelContext* ctx, const T* src, int64_t src_h, int64_t src_w,
                       const PlanarLayout& layout, const Fill& fill, Placement at,
-                      int64_t band, int64_t row_step, OutputVectors vectors, int64_t out_h,
-                      int64_t out_w, const ConvTerms<T>& terms, const T* bias, T* out) {
-    if (out_h == 0 || out_w == 0 || batch_ == 0) return;
+                      int64_t band, int64_t row_step, OutputVectors vectors,
+                      const std::vector<CorrelateTarget<T>>& targets, const T* bias,
+                      const OutputStrides& out_at) {
+    int64_t out_h = 0, channels = 0;
     const int64_t lanes = RunLanes<T>(isa_);
+    for (const CorrelateTarget<T>& t : targets) {
+      if (t.out_w == 0) continue;
+      out_h = std::max(out_h, t.out_h);
+      channels = std::max(channels, t.terms.groups);
+    }
+    if (out_h == 0 || batch_ == 0) return;
     const int64_t bands = (out_h + band - 1) / band;
-    const int64_t channels = terms.groups;
     const int64_t tile_size = channels * (tfsparse::isa_portable::kCells + 1) * lanes;
     const int64_t src_image = src_h * src_w * layout.channels;
-    const int64_t out_image = out_h * out_w * channels;
     // Planar rows per output row (FillInterleaved's rows hold every channel).
     const int64_t rows_per_out =
         row_step / (layout.pitch * (vectors.interleaved ? layout.channels : 1));
     // An output larger than the workers' caches is written past them.
     const auto& workers = *ctx->device()->tensorflow_cpu_worker_threads();
-    const bool stream = batch_ * out_image * static_cast<int64_t>(sizeof(T)) >
+    const bool stream = batch_ * out_at.image * static_cast<int64_t>(sizeof(T)) >
                         kCacheBytesPerThread * workers.num_threads;
     ParallelUnits(ctx, batch_ * bands, [&](int64_t begin, int64_t end) {
       auto planar = Scratch<T>(layout.Size() + 2 * lanes);
       auto tile = Scratch<T>(tile_size);
       for (int64_t unit = begin; unit < end; ++unit) {
         const int64_t b = unit / bands, first = unit % bands * band;
-        const int64_t rows = std::min(band, out_h - first);
         Placement here = at;
         here.row0 = first * rows_per_out;
         fill(src + b * src_image, here, planar.get());
-        RunCorrelate<T>(isa_, planar.get(), terms, bias, rows, out_w, row_step, vectors,
-                        stream, tile.get(), out + b * out_image + first * out_w * channels);
+        for (const CorrelateTarget<T>& t : targets) {
+          const int64_t rows = std::min(band, t.out_h - first);
+          if (rows <= 0 || t.out_w == 0) continue;
+          RunCorrelate<T>(isa_, planar.get(), t.terms, bias, rows, t.out_w, row_step, vectors,
+                          stream, tile.get(), t.out + b * out_at.image + first * out_at.row,
+                          out_at);
+        }
       }
     });
   }
@@ -476,47 +527,121 @@ class ConvCall {
     CorrelateUnits(ctx, ctx->input(0).flat<T>().data(), rows_.in, cols_.in, layout, fill, at,
                    band, rows_.stride * channels_ * layout.pitch,
                    OutputVectors{cols_.stride * lanes, true},
-                   rows_.out, cols_.out, terms.View(),
+                   {{terms.View(), y->flat<T>().data(), rows_.out, cols_.out}},
                    bias.NumElements() == 0 ? nullptr : bias.flat<T>().data(),
-                   y->flat<T>().data());
+                   OutputStrides{rows_.out * cols_.out * filters_, cols_.out * filters_, filters_});
   }
 
-  // dx = the forward pass of dy (zeros inserted for the stride, padded by
-  // the taps' extent minus Conv2D's padding) through the flipped kernel.
+  // One axis of one stride phase of dx (the positions phase, phase +
+  // stride, ...): the output position p of that phase, dx's phase + p *
+  // stride, receives dy[p + e] through each tap whose dy offset e = (phase +
+  // pad - tap * dilation) / stride is whole. `size` positions; the offsets
+  // span [base, base + span] with base <= 0 (0 when no tap reaches it).
+  struct PhaseAxis {
+    int64_t phase, size, base, span;
+
+    PhaseAxis(const Axis& a, int64_t phase_) : phase(phase_), base(0), span(0) {
+      size = a.in > phase ? (a.in - phase + a.stride - 1) / a.stride : 0;
+      int64_t top = 0;
+      for (int64_t tap = 0; tap < a.kernel; ++tap) {
+        int64_t e;
+        if (!Offset(a, tap, &e)) continue;
+        base = std::min(base, e);
+        top = std::max(top, e);
+      }
+      span = top - base;
+    }
+
+    // The phases' sizes and offsets together (the largest size, the
+    // offsets' whole span).
+    static PhaseAxis Union(const std::vector<PhaseAxis>& phases) {
+      PhaseAxis u = phases[0];
+      int64_t top = u.base + u.span;
+      for (const PhaseAxis& p : phases) {
+        u.size = std::max(u.size, p.size);
+        u.base = std::min(u.base, p.base);
+        top = std::max(top, p.base + p.span);
+      }
+      u.span = top - u.base;
+      return u;
+    }
+
+    // Whether `tap` reaches this phase, and its dy offset `e` if so.
+    bool Offset(const Axis& a, int64_t tap, int64_t* e) const {
+      const int64_t r = phase + a.pad_before - tap * a.dilation;
+      if (r % a.stride != 0) return false;
+      *e = r / a.stride;
+      return true;
+    }
+  };
+
+  // dx by stride phases (a single phase for stride 1): each phase is the
+  // correlation of dy, as it is, with the taps that reach it, flipped
+  // (PhaseAxis), written to every stride-th row and pixel of dx. Only real
+  // terms are multiplied (no zeros are inserted between dy's pixels), and
+  // each unit's planar copy of dy serves all the phases.
   void BackpropInput(OpKernelContext* ctx) {
     Tensor* dx = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(
                             0, TensorShape({batch_, rows_.in, cols_.in, channels_}), &dx));
     const T* values = ctx->input(1).flat<T>().data();
     if (!std::all_of(values, values + nnz_, [](T v) { return v - v == T(0); })) {
-      // The correlation multiplies the inserted and padding zeros by the
-      // values too: exact only for finite values.
+      // The correlation multiplies the padding zeros by the values too:
+      // exact only for finite values.
       return BackpropInputDirect(ctx, values, dx->flat<T>().data());
     }
+    std::vector<PhaseAxis> ph, pw;  // one source window for all: the widest
+    for (int64_t p = 0; p < rows_.stride; ++p) ph.emplace_back(rows_, p);
+    for (int64_t p = 0; p < cols_.stride; ++p) pw.emplace_back(cols_, p);
+    const PhaseAxis rows_window = PhaseAxis::Union(ph), cols_window = PhaseAxis::Union(pw);
     const auto& workers = *ctx->device()->tensorflow_cpu_worker_threads();
-    const int64_t band = Band(rows_.in, workers.num_threads);
+    const int64_t band = Band(rows_window.size, workers.num_threads);
     const int64_t lanes = RunLanes<T>(isa_);
-    const int64_t extent_h = (rows_.kernel - 1) * rows_.dilation;
-    const int64_t extent_w = (cols_.kernel - 1) * cols_.dilation;
-    const PlanarLayout layout{filters_, 1, band + extent_h,
-                              (cols_.in + lanes - 1) / lanes * lanes + extent_w};
-    const int32* r = Rows(ctx);
-    const GroupedTerms<T> terms = Group<T>(
-        nnz_, channels_, values, [&](int64_t k) { return Channel(r[k]); },
-        [&](int64_t k) {
-          const int64_t i = rows_.kernel - 1 - TapRow(r[k]);
-          const int64_t j = cols_.kernel - 1 - TapCol(r[k]);
-          return (Cols(ctx)[k] * layout.rows + i * rows_.dilation) * layout.pitch +
-                 j * cols_.dilation;
-        });
-    const Placement at{rows_.stride, cols_.stride, extent_h - rows_.pad_before,
-                       extent_w - cols_.pad_before, 0};
+    const PlanarLayout layout{filters_, 1, band + rows_window.span,
+                              (cols_window.size + lanes - 1) / lanes * lanes + cols_window.span};
+    std::vector<GroupedTerms<T>> terms;
+    terms.reserve(ph.size() * pw.size());  // the targets view them
+    std::vector<CorrelateTarget<T>> targets;
+    for (const PhaseAxis& h : ph) {
+      for (const PhaseAxis& w : pw) {
+        terms.push_back(PhaseTerms(ctx, values, h, w, layout, rows_window.base,
+                                   cols_window.base));
+        targets.push_back({terms.back().View(),
+                           dx->flat<T>().data() + (h.phase * cols_.in + w.phase) * channels_,
+                           h.size, w.size});
+      }
+    }
+    const Placement at{1, 1, -rows_window.base, -cols_window.base, 0};
     const Fill fill = [&](const T* image, const Placement& here, T* planar) {
       RunFillPlanar<T>(isa_, image, rows_.out, cols_.out, here, layout, planar);
     };
     CorrelateUnits(ctx, ctx->input(0).flat<T>().data(), rows_.out, cols_.out, layout, fill, at,
-                   band, layout.pitch, OutputVectors{lanes, false}, rows_.in, cols_.in,
-                   terms.View(), nullptr, dx->flat<T>().data());
+                   band, layout.pitch, OutputVectors{lanes, false}, targets, nullptr,
+                   OutputStrides{rows_.in * cols_.in * channels_,
+                                 rows_.stride * cols_.in * channels_, cols_.stride * channels_});
+  }
+
+  // The nonzeros that reach phase (ph, pw), grouped by input channel, at
+  // their offsets in `layout`, whose row and column 0 are dy's offsets
+  // row_base and col_base.
+  GroupedTerms<T> PhaseTerms(OpKernelContext* ctx, const T* values, const PhaseAxis& ph,
+                             const PhaseAxis& pw, const PlanarLayout& layout, int64_t row_base,
+                             int64_t col_base) {
+    const int32* r = Rows(ctx);
+    auto reaches = [&](int64_t k, int64_t* e, int64_t* f) {
+      return ph.Offset(rows_, TapRow(r[k]), e) && pw.Offset(cols_, TapCol(r[k]), f);
+    };
+    return Group<T>(
+        nnz_, channels_, values,
+        [&](int64_t k) {
+          int64_t e, f;
+          return reaches(k, &e, &f) ? Channel(r[k]) : int64_t{-1};
+        },
+        [&](int64_t k) {
+          int64_t e = 0, f = 0;
+          reaches(k, &e, &f);
+          return (Cols(ctx)[k] * layout.rows + e - row_base) * layout.pitch + f - col_base;
+        });
   }
 
   // The input gradient term by term on channels-last tensors (slow, exact
@@ -541,12 +666,19 @@ class ConvCall {
     }
   }
 
+  // dv and the bias gradient (dy summed over its pixels, while each image's
+  // planar copy of dy is in cache) over groups of images; each group keeps
+  // [nnz + filters][lanes] partial sums, added up at the end.
   void BackpropValues(OpKernelContext* ctx) {
     Tensor* dv = nullptr;
+    Tensor* dbias = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({nnz_}), &dv));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({filters_}), &dbias));
     T* out = dv->flat<T>().data();
+    T* bias_out = dbias->flat<T>().data();
     std::fill(out, out + nnz_, T(0));
-    if (rows_.out == 0 || cols_.out == 0 || batch_ == 0 || nnz_ == 0) return;
+    std::fill(bias_out, bias_out + filters_, T(0));
+    if (rows_.out == 0 || cols_.out == 0 || batch_ == 0) return;
     const int64_t lanes = RunLanes<T>(isa_);
     const PlanarLayout x_layout = ForwardLayout(rows_.out, lanes);
     const PlanarLayout dy_layout{filters_, 1, rows_.out,
@@ -556,7 +688,8 @@ class ConvCall {
     const auto& workers = *ctx->device()->tensorflow_cpu_worker_threads();
     const int64_t groups =
         std::max<int64_t>(1, std::min<int64_t>(batch_, 4 * workers.num_threads));
-    std::vector<T> partial(groups * nnz_ * lanes, T(0));  // [group][term][lane]
+    const int64_t sums = nnz_ + filters_;  // per group: the terms', then the filters'
+    std::vector<T> partial(groups * sums * lanes, T(0));  // [group][sum][lane]
     const T* x = ctx->input(0).flat<T>().data();
     const T* dy = ctx->input(1).flat<T>().data();
     const int64_t x_image = rows_.in * cols_.in * channels_;
@@ -564,27 +697,30 @@ class ConvCall {
     const Placement x_at{1, 1, rows_.pad_before, cols_.pad_before, 0};
     const Placement dy_at{1, 1, 0, 0, 0};
     auto work = [&](int64_t begin, int64_t end) {
-      auto x_planar = Scratch<T>(x_layout.Size() + 2 * lanes);
+      auto x_planar = Scratch<T>(nnz_ == 0 ? 0 : x_layout.Size() + 2 * lanes);
       auto dy_planar = Scratch<T>(dy_layout.Size());
       for (int64_t group = begin; group < end; ++group) {
+        T* group_sums = partial.data() + group * sums * lanes;
         for (int64_t b = group * batch_ / groups; b < (group + 1) * batch_ / groups; ++b) {
-          RunFillPlanar<T>(isa_, x + b * x_image, rows_.in, cols_.in, x_at, x_layout,
-                           x_planar.get());
           RunFillPlanar<T>(isa_, dy + b * dy_image, rows_.out, cols_.out, dy_at, dy_layout,
                            dy_planar.get());
+          RunAddPlaneSums<T>(isa_, dy_planar.get(), filters_, dy_layout.rows * dy_layout.pitch,
+                             group_sums + nnz_ * lanes);
+          if (nnz_ == 0) continue;
+          RunFillPlanar<T>(isa_, x + b * x_image, rows_.in, cols_.in, x_at, x_layout,
+                           x_planar.get());
           RunValuesGradient<T>(isa_, x_planar.get(), dy_planar.get(), terms, rows_.out,
-                               cols_.out, rows_.stride * x_layout.pitch,
-                               partial.data() + group * nnz_ * lanes);
+                               cols_.out, rows_.stride * x_layout.pitch, group_sums);
         }
       }
     };
     ParallelUnits(ctx, groups, work);
-    for (int64_t k = 0; k < nnz_; ++k) {
+    for (int64_t k = 0; k < sums; ++k) {
       T sum = 0;
       for (int64_t group = 0; group < groups; ++group) {
-        for (int64_t l = 0; l < lanes; ++l) sum += partial[(group * nnz_ + k) * lanes + l];
+        for (int64_t l = 0; l < lanes; ++l) sum += partial[(group * sums + k) * lanes + l];
       }
-      out[k] = sum;
+      (k < nnz_ ? out[k] : bias_out[k - nnz_]) = sum;
     }
   }
 
@@ -594,6 +730,8 @@ class ConvCall {
   const bool same_;
   const std::vector<std::vector<int32>>& pairs_;
   int64_t batch_ = 0, channels_ = 0, nnz_ = 0;
+  const int32* rows_of_ = nullptr;
+  const int32* cols_of_ = nullptr;
   Axis rows_{}, cols_{};
 };
 
