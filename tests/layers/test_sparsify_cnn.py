@@ -9,6 +9,7 @@ from tfsparse.layers import CROSSOVER_DENSITY
 from tfsparse.layers import SparseConv2D
 from tfsparse.layers import SparseDense
 from tfsparse.layers import sparsify
+from tfsparse.layers import _conversion
 from sparsify_models import branches_cnn
 from sparsify_models import integer_inputs
 from sparsify_models import integer_weights
@@ -59,20 +60,34 @@ def test_layers_around_the_convolutions_keep_their_weights():
             np.testing.assert_array_equal(a.numpy(), b.numpy())
 
 
-def test_default_rule_converts_convolutions_below_the_crossover_only():
+# sequential_cnn's convolutions, one of each geometry the default rule tells apart.
+GEOMETRIES = {"conv1": "k x k, stride 1", "conv2": "k x k, strided", "conv3": "1 x 1"}
+
+
+def test_default_rule_converts_each_convolution_below_its_geometrys_crossover(monkeypatch):
+    # Made-up crossovers, so that the test decides every case whatever the
+    # measured ones are: conv1 and conv2 at density 0.3 lie on either side.
+    crossovers = {"k x k, stride 1": 0.5, "k x k, strided": 0.2, "1 x 1": 0.0}
+    monkeypatch.setattr(_conversion, "CONV2D_CROSSOVER_DENSITY", crossovers)
     model = integer_weights(sequential_cnn(), density=0.3)
-    kernel, bias = model.get_layer("conv2").get_weights()
-    kernel[...] = 0
-    kernel[0, 0, 0, 0] = 1  # density 1/576
-    model.get_layer("conv2").set_weights([kernel, bias])
     sparse, report = sparsify(model, report=True)
-    assert report.converted == ("conv2", "logits")  # and Dense, as sparsify always did
-    assert isinstance(sparse.get_layer("conv2"), SparseConv2D)
-    assert type(sparse.get_layer("conv1")) is keras.layers.Conv2D
-    assert report["conv1"].reason == (f"density {report['conv1'].density:.3f} > max_density "
-                                      f"{CROSSOVER_DENSITY['Conv2D']:.3f}")
+    assert report.converted == ("conv1", "logits")  # and Dense, as sparsify always did
+    for name, geometry in GEOMETRIES.items():
+        row, limit = report[name], crossovers[geometry]
+        sign = "<=" if row.converted else ">"
+        assert row.reason == (f"density {row.density:.3f} {sign} max_density {limit:.3f} "
+                              f"(the measured crossover of a {geometry} Conv2D)")
+        assert isinstance(sparse.get_layer(name), SparseConv2D) == row.converted
     x = integer_inputs(model)
     np.testing.assert_array_equal(sparse.predict(x, verbose=0), model.predict(x, verbose=0))
+
+
+def test_measured_crossovers_cover_every_geometry():
+    model = sequential_cnn()
+    assert {_conversion.conv2d_geometry(model.get_layer(name)) for name in GEOMETRIES} == set(
+        _conversion.CONV2D_CROSSOVER_DENSITY)
+    assert all(0 <= limit <= 1 for limit in _conversion.CONV2D_CROSSOVER_DENSITY.values())
+    assert CROSSOVER_DENSITY["Conv2D"] == _conversion.CONV2D_CROSSOVER_DENSITY["k x k, stride 1"]
 
 
 def test_nested_model_layers_convert_and_are_reported_by_path():

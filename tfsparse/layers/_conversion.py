@@ -15,19 +15,22 @@ from tfsparse.layers.sparse_conv import SparseConv2D
 from tfsparse.layers.sparse_dense import SparseDense
 
 # Where a SparseConv2D (compiled kernel) becomes faster than Conv2D
-# (TensorFlow's oneDNN path), by kernel density. Measured by
+# (TensorFlow's oneDNN path), by kernel density, per geometry: the density
+# below which both inference and a training step (input gradient included)
+# were faster on every kernel variant, as printed by
 #     python benchmarks/sparse_conv_speed.py --isa all --repeats 10
-# (3x3, 64 -> 64 channels, 32 x 32, stride 1, "same", batch 32, float32, at
-# 80/90/95/98% sparsity) on the project's 2-core Intel Xeon (AVX-512), loaded:
-# sparse inference was faster from 80% sparsity on avx512 and avx2 (1.20x and
-# 1.15x Conv2D at 80%) and from 90% on portable (0.71x at 80%); a training
-# step from 90% on every variant (0.79-0.98x at 80%, 1.16-1.45x at 90%).
-# 0.1 is the density that held for both on every variant. Strided and 1x1
-# layers paid less (1.2-1.3x and 0.8-1.0x at 95%), as did the 16- and
-# 32-channel layers of benchmarks/sparse_resnet.py (measured with the
-# previous kernel): the rule may convert layers there that do not pay.
-# Rerun the command after a kernel change and update the number.
-CONV2D_CROSSOVER_DENSITY = 0.1
+# (64 -> 64 channels, 32 x 32, "same", batch 32, float32, at 80/90/95/98%
+# sparsity; "crossover density per geometry"), on the project's 2-core Intel
+# Xeon (AVX-512), machine quiet (load 0.9-1.7). 0 would mean sparse was not
+# faster in some mode on some variant even at 98%: sparsify's default would
+# leave such layers dense. Narrower layers pay less than these 64-channel ones (see
+# benchmarks/sparse_resnet.py); ``sparsify(measure=...)`` times each layer on
+# its own shape. Rerun the command after a kernel change and update them.
+CONV2D_CROSSOVER_DENSITY = types.MappingProxyType({
+    "k x k, stride 1": 0.1,  # 3x3: faster from 80% (avx512, avx2) and 90% (portable)
+    "k x k, strided": 0.1,  # 3x3, stride 2: training step from 90% on every variant
+    "1 x 1": 0.02,  # inference 0.84-1.00x on some variant at 80-95%; faster at 98% on all
+})
 
 # Where SparseDense becomes faster than Dense (forward, batch 256):
 #     python benchmarks/fssl_crossover.py
@@ -39,15 +42,24 @@ KINDS = ("Dense", "Conv2D")
 
 CROSSOVER_DENSITY = types.MappingProxyType({
     "Dense": DENSE_CROSSOVER_DENSITY,
-    "Conv2D": CONV2D_CROSSOVER_DENSITY,
+    "Conv2D": CONV2D_CROSSOVER_DENSITY["k x k, stride 1"],
 })
-"""The measured crossovers per layer kind, as a ``max_density`` argument."""
+"""The measured crossovers per layer kind, as a ``max_density`` argument
+(Conv2D's of a k x k kernel at stride 1; sparsify's default tells the
+geometries apart)."""
 
 DEFAULT_MAX_DENSITY = types.MappingProxyType({
     "Dense": 1.0,  # every Dense layer, as sparsify has always done
-    "Conv2D": CONV2D_CROSSOVER_DENSITY,
+    "Conv2D": None,  # its geometry's measured crossover (CONV2D_CROSSOVER_DENSITY)
 })
-"""``sparsify``'s ``max_density`` when none is given."""
+"""``sparsify``'s ``max_density`` when none is given; ``None`` is by geometry."""
+
+
+def conv2d_geometry(layer):
+    """The key of a Conv2D's geometry in ``CONV2D_CROSSOVER_DENSITY``."""
+    if tuple(layer.kernel_size) == (1, 1):
+        return "1 x 1"
+    return "k x k, stride 1" if tuple(layer.strides) == (1, 1) else "k x k, strided"
 
 # Layers with a kernel that have no sparse twin: they get a row in the report.
 _OTHER_KERNEL_LAYERS = (

@@ -29,10 +29,13 @@ def sparsify(model, max_density=None, *, measure=None, batch_size=32, report=Fal
 
     - by density (the default): its kernel's fraction of nonzeros is at most
       ``max_density`` for its kind. The default, ``DEFAULT_MAX_DENSITY``, is
-      the measured crossover for ``Conv2D`` (``CONV2D_CROSSOVER_DENSITY``,
-      0.1 with the current kernel) and 1.0 for ``Dense`` (every Dense layer,
-      as sparsify always did; ``CROSSOVER_DENSITY`` holds Dense's measured
-      crossover, 0.3, for ``max_density=CROSSOVER_DENSITY``).
+      for a ``Conv2D`` the measured crossover of its geometry (k x k at
+      stride 1, strided, or 1 x 1: ``CONV2D_CROSSOVER_DENSITY`` in
+      ``tfsparse/layers/_conversion.py``, from
+      ``benchmarks/sparse_conv_speed.py``) and 1.0 for ``Dense`` (every Dense
+      layer, as sparsify always did; ``CROSSOVER_DENSITY`` holds Dense's
+      measured crossover, 0.3, and Conv2D's at stride 1, for
+      ``max_density=CROSSOVER_DENSITY``).
     - measured (``measure="inference"`` or ``"training"``), as SparseProp
       does: the layer and its sparse twin are timed on the layer's own input
       shape with ``batch_size`` random examples (medians of interleaved runs:
@@ -103,12 +106,16 @@ class _Rule:
         reason = _conversion.blocker(layer)
         if reason is not None:
             return None, row(False, reason)
-        limit = self.limits[kind]
+        limit, source = self.limits[kind], ""
+        if limit is None:  # the default for Conv2D: its geometry's measured crossover
+            geometry = _conversion.conv2d_geometry(layer)
+            limit = _conversion.CONV2D_CROSSOVER_DENSITY[geometry]
+            source = f" (the measured crossover of a {geometry} Conv2D)"
         if density > limit:
-            return None, row(False, f"density {density:.3f} > max_density {limit:.3f}")
+            return None, row(False, f"density {density:.3f} > max_density {limit:.3f}" + source)
         if self.measure is None:
             return (_conversion.to_sparse(layer),
-                    row(True, f"density {density:.3f} <= max_density {limit:.3f}"))
+                    row(True, f"density {density:.3f} <= max_density {limit:.3f}" + source))
         return self._measured(layer, row)
 
     def _measured(self, layer, row):
