@@ -11,12 +11,13 @@ each batch size:
     Dense, and a layer built on tf.sparse.sparse_dense_matmul, each a
     tf.function (as Keras's fit runs its steps);
   * inference of SparseDense, Dense and SciPy's CSR product (one thread), the
-    Keras layers in the two forms a Keras user serves them: a tf.function
-    taking the batch as its argument (as a Python server calls a model), and
-    the layer called eagerly (``layer(x)``, as ``model(x)`` runs it). Each
-    form has its floor, the same call of something that returns x (a
-    tf.function, a Keras layer), which no candidate of that form can beat:
-    at small batches the call, not the product, is most of the time.
+    Keras layers in the three forms a Keras user serves them: a tf.function
+    taking the batch as its argument (as a Python server calls a model), a
+    concrete function of any batch size (a loaded SavedModel's serving
+    signature), and the layer called eagerly (``layer(x)``, as ``model(x)``
+    runs it). Each form has its floor, the same call of something that
+    returns x, which no candidate of that form can beat: at small batches
+    the call, not the product, is most of the time.
 Prints times, ratios, the issue's targets, and for every variant the roofline
 bound of its kernels on this machine (benchmarks/roofline.py) with the
 fraction of it SparseDense achieves; with several batches, the curve of all
@@ -127,14 +128,25 @@ def serving_function(variant, fn, x):
 
     Traced under ``variant`` (its ops keep the kernel variant). The batch is
     an argument, as in a serving loop, not a constant captured in the graph.
-    (Calling a concrete function, the form of a SavedModel signature, with
-    an argument cost 1-2.5 ms per call in TensorFlow 2.21 here, against 0.5
-    ms for the tf.function, so the tf.function is what a server would use.)
     """
     function = tf.function(fn)
     with kernels.use_isa(variant) if variant else contextlib.nullcontext():
         function(x)
     return lambda: function(x)
+
+
+def signature_function(variant, fn, x):
+    """``lambda: fn(x)`` as a loaded SavedModel's signature runs it.
+
+    A concrete function of any batch size (``tf.TensorSpec([None, n])``),
+    the form ``tf.saved_model.save`` stores as a serving signature, called
+    with the batch. It skips the tf.function's Python dispatch (argument
+    binding, trace-cache lookup), measured 0.2-0.3 ms per call here.
+    """
+    function = tf.function(fn)
+    with kernels.use_isa(variant) if variant else contextlib.nullcontext():
+        concrete = function.get_concrete_function(tf.TensorSpec([None, x.shape[1]], x.dtype))
+    return lambda: concrete(x)
 
 
 def eager_call(variant, layer, x):
@@ -228,6 +240,10 @@ def run_batch(args, batch, matrix, pattern, values):
     # What any layer called through a tf.function pays per call on this
     # machine, whatever it computes: the floor of the small batches.
     predict["function returning x (call floor)"] = serving_function(None, tf.identity, x)
+    signature = {f"{name} signature": signature_function(used, layer, x)
+                 for name, (layer, used) in sparse.items()}
+    signature["Dense signature"] = signature_function(None, dense, x)
+    signature["signature returning x (its call floor)"] = signature_function(None, tf.identity, x)
     eager = {f"{name} eager": eager_call(used, layer, x) for name, (layer, used) in sparse.items()}
     eager["Dense eager"] = eager_call(None, dense, x)
     eager["layer returning x (eager call floor)"] = eager_call(None, ReturnsInputs(), x)
@@ -236,7 +252,8 @@ def run_batch(args, batch, matrix, pattern, values):
     # does: np.asarray views a CPU tensor's buffer (Tensor.numpy() would add a
     # copy of the output to the TensorFlow candidates only).
     infer = interleaved_medians({
-        **{name: (lambda f=f: np.asarray(f())) for name, f in {**predict, **eager}.items()},
+        **{name: (lambda f=f: np.asarray(f()))
+           for name, f in {**predict, **signature, **eager}.items()},
         "SciPy CSR (1 thread)": lambda: x_numpy @ csr,
     }, repeats=args.repeats)
 
@@ -255,15 +272,18 @@ def run_batch(args, batch, matrix, pattern, values):
 def print_curve(curve):
     """Per batch and variant: inference and its fraction of the bound, ratios."""
     print("curve: inference as a tf.function, median ms (fraction of the roofline bound: "
-          "of the median, of the fastest run), x SciPy CSR, x Dense; called eagerly, "
-          "median ms, x SciPy CSR; training step median ms")
+          "of the median, of the fastest run), x SciPy CSR, x Dense; "
+          "likewise as a SavedModel signature (concrete "
+          "function) and called eagerly; training step median ms")
     for batch, (train, infer, fastest, bounds) in curve.items():
         for name, (forward, forward_by, _) in bounds.items():
             print(f"  batch {batch:>5} {name:<24} {infer[name] * 1e3:8.3f} ms "
                   f"({forward / infer[name]:4.0%}, {forward / fastest[name]:4.0%} of "
                   f"{forward * 1e3:.3f} ms, {forward_by}), "
                   f"{infer['SciPy CSR (1 thread)'] / infer[name]:5.2f}x SciPy, "
-                  f"{infer['Dense'] / infer[name]:6.2f}x Dense; eager "
+                  f"{infer['Dense'] / infer[name]:6.2f}x Dense; signature "
+                  f"{infer[name + ' signature'] * 1e3:8.3f} ms, "
+                  f"{infer['SciPy CSR (1 thread)'] / infer[name + ' signature']:5.2f}x SciPy; eager "
                   f"{infer[name + ' eager'] * 1e3:8.3f} ms, "
                   f"{infer['SciPy CSR (1 thread)'] / infer[name + ' eager']:5.2f}x SciPy; "
                   f"training step {train[name] * 1e3:8.3f} ms")
@@ -310,6 +330,8 @@ def print_targets(name, train, infer, batch, bound):
          train["tf.sparse.sparse_dense_matmul layer"] / train[name], 3),
         ("inference >= 10x faster than Dense", infer["Dense"] / infer[name], 10),
         ("inference not slower than SciPy CSR", scipy, 1),
+        ("signature inference not slower than SciPy CSR",
+         infer["SciPy CSR (1 thread)"] / infer[f"{name} signature"], 1),
         ("eager inference not slower than SciPy CSR",
          infer["SciPy CSR (1 thread)"] / infer[f"{name} eager"], 1),
     ]
