@@ -86,6 +86,22 @@ def test_channels_first_convolutions_stay_dense():
                                      "channels-last (convert the model to channels_last)")
 
 
+@pytest.mark.parametrize("nonzeros, converted, reason", [
+    # 3x3x4x8 = 288 weights; 0.1 of them is 28.8, so 29 nonzeros are the 0.1
+    # level (as tfmot rounds a layer pruned to 90%) and 30 are above it.
+    (29, True, "density 0.101 <= max_density 0.100"),
+    (30, False, "density 0.104 > max_density 0.100"),
+])
+def test_max_density_counts_whole_weights(nonzeros, converted, reason):
+    model = keras.Sequential([keras.Input((6, 6, 4)), L.Conv2D(8, 3, name="conv")])
+    kernel, bias = model.get_layer("conv").get_weights()
+    kernel[...] = 0
+    kernel.reshape(-1)[:nonzeros] = 1
+    model.get_layer("conv").set_weights([kernel, bias])
+    _, report = sparsify(model, max_density=0.1, report=True)
+    assert (report["conv"].converted, report["conv"].reason) == (converted, reason)
+
+
 def test_a_mapping_sets_the_limit_per_kind():
     model = integer_weights(keras.Sequential([
         keras.Input((6, 6, 2)), L.Conv2D(3, 3, name="conv"), L.Flatten(),

@@ -28,7 +28,8 @@ def sparsify(model, max_density=None, *, measure=None, batch_size=32, report=Fal
     A layer converts only where the rule says sparse is faster:
 
     - by density (the default): its kernel's fraction of nonzeros is at most
-      ``max_density`` for its kind. The default, ``DEFAULT_MAX_DENSITY``, is
+      ``max_density`` for its kind, to the nearest whole weight (a layer
+      pruned to 90% is at the 0.1 level whatever tfmot's rounding). The default, ``DEFAULT_MAX_DENSITY``, is
       for a ``Conv2D`` the measured crossover of its geometry (k x k at
       stride 1, strided, or 1 x 1: ``CONV2D_CROSSOVER_DENSITY`` in
       ``tfsparse/layers/_conversion.py``, from
@@ -111,11 +112,11 @@ class _Rule:
             geometry = _conversion.conv2d_geometry(layer)
             limit = _conversion.CONV2D_CROSSOVER_DENSITY[geometry]
             source = f" (the measured crossover of a {geometry} Conv2D)"
-        if density > limit:
-            return None, row(False, f"density {density:.3f} > max_density {limit:.3f}" + source)
+        if not _within(density, limit, shape):
+            return None, row(False, _comparison(density, ">", limit) + source)
         if self.measure is None:
             return (_conversion.to_sparse(layer),
-                    row(True, f"density {density:.3f} <= max_density {limit:.3f}" + source))
+                    row(True, _comparison(density, "<=", limit) + source))
         return self._measured(layer, row)
 
     def _measured(self, layer, row):
@@ -130,6 +131,24 @@ class _Rule:
         if sparse_s < dense_s:
             return sparse, row(True, "faster sparse: " + timing)
         return None, row(False, "faster dense: " + timing)
+
+
+def _within(density, limit, shape):
+    """Whether a kernel of ``shape`` at ``density`` holds at most ``limit`` of
+    its weights, to the nearest whole weight: a layer pruned to 90% of 9,216
+    weights keeps 922 (density 0.10004), which is the 90% level."""
+    size = 1
+    for extent in shape:
+        size *= int(extent)
+    return round(density * size) <= round(limit * size)
+
+
+def _comparison(density, sign, limit):
+    """``"density 0.1004 > max_density 0.1000"``, with the digits that tell them apart."""
+    digits = 3
+    while digits < 6 and f"{density:.{digits}f}" == f"{limit:.{digits}f}":
+        digits += 1
+    return f"density {density:.{digits}f} {sign} max_density {limit:.{digits}f}"
 
 
 def _sparsify_graph(model, rule, rows, prefix):
