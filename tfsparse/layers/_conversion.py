@@ -29,7 +29,7 @@ from tfsparse.layers.sparse_dense import SparseDense
 CONV2D_CROSSOVER_DENSITY = types.MappingProxyType({
     "k x k, stride 1": 0.1,  # 3x3: faster from 80% (avx512, avx2) and 90% (portable)
     "k x k, strided": 0.1,  # 3x3, stride 2: training step from 90% on every variant
-    "1 x 1": 0.02,  # inference 0.84-1.00x on some variant at 80-95%; faster at 98% on all
+    "1 x 1": 0.02,  # inference 0.84-1.00x on some variant at 80-95% (a second run: 0.05)
 })
 
 # Where SparseDense becomes faster than Dense (forward, batch 256):
