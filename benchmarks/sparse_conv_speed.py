@@ -35,6 +35,7 @@ SPARSEPROP = (2.0, 2.0)
 # (tfsparse/layers/_conversion.py, CONV2D_CROSSOVER_DENSITY): (kernel size, stride).
 GEOMETRIES = {"3x3 s1": (3, 1), "3x3 s2": (3, 2), "1x1 s1": (1, 1)}
 SPARSITIES = (0.80, 0.90, 0.95, 0.98)
+MODES = ("inference", "training step")  # the order of run_case's two ratios
 CASES = [(f"{geometry} {sparsity:.0%}", kernel, stride, sparsity)  # (name, size, stride, sparsity)
          for geometry, (kernel, stride) in GEOMETRIES.items() for sparsity in SPARSITIES]
 
@@ -98,7 +99,7 @@ def crossovers(ratios):
     higher one measured, or None}."""
     found = {}
     for geometry in GEOMETRIES:
-        for index, mode in enumerate(("inference", "training step")):
+        for index, mode in enumerate(MODES):
             lowest = None
             for sparsity in reversed(SPARSITIES):  # from the sparsest down
                 if ratios[f"{geometry} {sparsity:.0%}"][index] <= 1:
@@ -133,7 +134,7 @@ def print_crossover_densities(found_by_variant):
           f"{', '.join(found_by_variant)} (sparsify's default rule):")
     for geometry in GEOMETRIES:
         lowest = [found[geometry, mode] for found in found_by_variant.values()
-                  for mode in ("inference", "training step")]
+                  for mode in MODES]
         if any(sparsity is None for sparsity in lowest):
             print(f"  {geometry}: none (sparse not faster at every sparsity up to "
                   f"{SPARSITIES[-1]:.0%} in some mode)")

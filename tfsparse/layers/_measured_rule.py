@@ -51,5 +51,4 @@ def time_pair(dense, sparse, shape, batch_size, mode):
     make = _inference if mode == "inference" else _training
     medians = interleaved_medians({"dense": make(dense, x), "sparse": make(sparse, x)},
                                   repeats=REPEATS, warmup=_WARMUP)
-    dense_seconds, sparse_seconds = medians["dense"], medians["sparse"]
-    return dense_seconds, sparse_seconds
+    return medians["dense"], medians["sparse"]

@@ -1,5 +1,6 @@
 """sparsify(): a trained model's Dense and Conv2D layers as SparseDense and SparseConv2D."""
 
+import math
 import numbers
 
 from tfsparse._framework_internal import is_graph_network
@@ -137,9 +138,7 @@ def _within(density, limit, shape):
     """Whether a kernel of ``shape`` at ``density`` holds at most ``limit`` of
     its weights, to the nearest whole weight: a layer pruned to 90% of 9,216
     weights keeps 922 (density 0.10004), which is the 90% level."""
-    size = 1
-    for extent in shape:
-        size *= int(extent)
+    size = math.prod(int(extent) for extent in shape)
     return round(density * size) <= round(limit * size)
 
 
