@@ -152,7 +152,7 @@ def test_sparse_dense_is_prunable_through_tfmots_public_class():
 _PRIVATE_NAMES = {
     "_callable_losses", "_is_graph_network", "_train_counter", "_test_counter",
     "_predict_counter", "_tfll_initialized", "_tfll_keras_version", "backend",
-    "_index_dict", "_var_key", "_steps_per_execution",
+    "_index_dict", "_var_key", "_steps_per_execution", "_cached_value", "_caching_device",
 }
 _INTERNAL_FILES = {"tfsparse/_framework_internal.py", "tfsparse/ops/_tf_internal.py"}
 

@@ -3,6 +3,7 @@
 import numpy as np
 import tensorflow as tf
 
+from tfsparse._keras import keras
 from tfsparse.ops import _tf_internal
 
 
@@ -51,3 +52,24 @@ def test_gradient_recording_is_detected_only_for_watched_tensors():
         assert not _tf_internal.gradient_may_be_recorded([other])
     with tf.autodiff.ForwardAccumulator(x, tf.constant(1.0)):
         assert _tf_internal.gradient_may_be_recorded([x])
+
+
+def test_untaped_read_is_one_op_only_where_nothing_can_record_it():
+    variable = tf.Variable([1.0, 2.0])
+    value = _tf_internal.read_untaped(variable)
+    assert not isinstance(value, tf.Variable)
+    np.testing.assert_array_equal(value.numpy(), [1.0, 2.0])
+    variable.assign([3.0, 4.0])  # a read is never cached
+    np.testing.assert_array_equal(_tf_internal.read_untaped(variable).numpy(), [3.0, 4.0])
+    # Anywhere a read could be recorded or differs, the variable itself.
+    with tf.GradientTape():
+        assert _tf_internal.read_untaped(variable) is variable
+    with tf.autodiff.ForwardAccumulator(tf.constant(1.0), tf.constant(1.0)):
+        assert _tf_internal.read_untaped(variable) is variable
+    seen = []
+    tf.function(lambda: seen.append(_tf_internal.read_untaped(variable)))()
+    assert seen == [variable]
+    # A Keras mixed-precision weight (an AutoCastVariable) reads as float16.
+    layer = keras.layers.Dense(1, dtype="mixed_float16")
+    layer.build((None, 1))
+    assert _tf_internal.read_untaped(layer.kernel) is layer.kernel

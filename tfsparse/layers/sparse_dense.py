@@ -17,6 +17,7 @@ from tfsparse.layers._sparse_layer_args import pattern_seed
 from tfsparse.layers._sparse_layer_args import set_kernel_arguments
 from tfsparse.ops import SparsityPattern
 from tfsparse.ops import sparse_matmul
+from tfsparse.ops._tf_internal import read_untaped
 
 
 # The pattern as tensors (the layer's non-trainable variables), in the shape
@@ -274,10 +275,13 @@ class SparseDense(keras.layers.Layer, tfmot.sparsity.keras.PrunableLayer):
             inputs = tf.reshape(inputs, [-1, inputs.shape[-1]])
         # The pattern's variables themselves: a TFLite export reads them when
         # tracing (tfsparse.export.tflite_compatible), other paths as tensors.
-        pattern = PatternTensors(self.pattern_rows, self.pattern_cols,
+        # An eager call that no tape watches reads them, the values and the
+        # bias with one op each (read_untaped), as serving a layer calls it.
+        pattern = PatternTensors(read_untaped(self.pattern_rows), read_untaped(self.pattern_cols),
                                  self.pattern_row_major_order, (self.input_dim, self.units))
         outputs = sparse_matmul(
-            inputs, self.values, pattern, bias=self.bias if self.use_bias else None,
+            inputs, read_untaped(self.values), pattern,
+            bias=read_untaped(self.bias) if self.use_bias else None,
         )
         if self._gradient_probe is not None:  # tfsparse.dynamic's RigL gradient
             outputs = self._gradient_probe(self, inputs, outputs)
