@@ -106,8 +106,17 @@ def test_strided_input_gradient_equals_dense_conv2d(use_kernel, strides, padding
                                 (*kernel_size, 3, 5))
 
 
+@pytest.mark.parametrize("use_kernel", PATHS)
+@pytest.mark.parametrize("strides", [1, 2])
+def test_float64_layers_equal_dense_conv2d(use_kernel, strides):
+    # The compiled kernels' double-precision code (other vector widths and
+    # block transposes than float32's) on wide rows and channels.
+    _check_against_dense_conv2d(use_kernel, _eager, strides, "same", 1, (9, 37), 2,
+                                (3, 3, 21, 18), dtype=tf.float64)
+
+
 def _check_against_dense_conv2d(use_kernel, compile_with, strides, padding, dilation, size,
-                                batch, kernel_shape):
+                                batch, kernel_shape, dtype=tf.float32):
     kh, kw, cin, filters = kernel_shape
     kernel = _kernel(kh, kw, cin, filters)
     pattern, values = SparsityPattern.from_scipy(
@@ -117,28 +126,29 @@ def _check_against_dense_conv2d(use_kernel, compile_with, strides, padding, dila
     strides = strides if isinstance(strides, tuple) else (strides, strides)
     dilation = (dilation, dilation)
     bias = rng.standard_normal(filters)
-    x32, values32, bias32 = (tf.constant(a, tf.float32) for a in (x, values, bias))
+    x_t, values_t, bias_t = (tf.constant(a, dtype) for a in (x, values, bias))
 
-    def run(x32, values32, bias32, dy):
+    def run(x_t, values_t, bias_t, dy):
         with tf.GradientTape() as tape:
-            tape.watch([x32, values32, bias32])
-            y = sparse_conv2d(x32, values32, pattern, (kh, kw), strides, padding, dilation,
-                              use_kernel=use_kernel, bias=bias32)
-        return y, tape.gradient(y, [x32, values32, bias32], output_gradients=dy)
+            tape.watch([x_t, values_t, bias_t])
+            y = sparse_conv2d(x_t, values_t, pattern, (kh, kw), strides, padding, dilation,
+                              use_kernel=use_kernel, bias=bias_t)
+        return y, tape.gradient(y, [x_t, values_t, bias_t], output_gradients=dy)
 
-    out_shape = sparse_conv2d(x32, values32, pattern, (kh, kw), strides, padding,
+    out_shape = sparse_conv2d(x_t, values_t, pattern, (kh, kw), strides, padding,
                               dilation, use_kernel=False).shape
     dy = rng.standard_normal(out_shape)
-    y, (dx, dvalues, dbias) = compile_with(run)(x32, values32, bias32,
-                                               tf.constant(dy, tf.float32))
+    y, (dx, dvalues, dbias) = compile_with(run)(x_t, values_t, bias_t,
+                                               tf.constant(dy, dtype))
     expected = _reference(x, kernel, dy, strides, padding, dilation)
     # Each result is a float32 sum of at most n terms, n the longest of the
     # forward (kh*kw*cin), input-gradient (kh*kw*filters) and kernel-gradient
     # (batch*out_h*out_w) sums: it is off by at most n * eps * the sum of the
     # terms' magnitudes, which the same reference computes on |x|, |K|, |dy|.
+    # In float64 the reference's own error is as large: twice that.
     n = max(kh * kw * cin, kh * kw * filters, int(np.prod(dy.shape[:3]))) + 1
     magnitude = _reference(np.abs(x), np.abs(kernel), np.abs(dy), strides, padding, dilation)
-    eps = np.finfo(np.float32).eps
+    eps = np.finfo(dtype.as_numpy_dtype).eps * (2 if dtype == tf.float64 else 1)
     rows, cols = np.asarray(pattern.rows), np.asarray(pattern.cols)
     results = [y.numpy() - bias, dx.numpy(), tf.convert_to_tensor(dvalues).numpy(),
                dbias.numpy()]
