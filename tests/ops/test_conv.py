@@ -86,6 +86,17 @@ def test_wide_layers_equal_dense_conv2d(use_kernel, strides, padding, dilation):
 
 
 @pytest.mark.parametrize("use_kernel", PATHS)
+@pytest.mark.parametrize("padding,dilation", [("valid", 1), ("valid", 2), ("same", 1)])
+def test_rows_of_whole_vectors_equal_dense_conv2d(use_kernel, padding, dilation):
+    # 34 columns, valid 3x3: 32 output columns (30 dilated), which fill each
+    # variant's vectors, so the forward pass's vectors past the span (each
+    # its predecessor moved one lane down) take their last lane from a pixel
+    # of the image, not from the padding.
+    _check_against_dense_conv2d(use_kernel, _eager, 1, padding, dilation, (6, 34), 2,
+                                (3, 3, 19, 6))
+
+
+@pytest.mark.parametrize("use_kernel", PATHS)
 def test_outputs_larger_than_the_caches_equal_dense_conv2d(use_kernel):
     # 8 MiB outputs and input gradients: the compiled kernels store them past
     # the caches (non-temporal stores) when they exceed 1 MiB per thread.

@@ -91,6 +91,14 @@ struct OutputVectors {
   bool interleaved;
 };
 
+// Memory a work unit reads next (the next unit's input rows), which
+// Correlate fetches into the L2 cache while it computes: the next fill then
+// finds its input there instead of waiting on memory for it.
+struct NextInput {
+  const char* begin;
+  int64_t bytes;
+};
+
 #define TFSPARSE_VARIANT_SOURCE "sparse_conv_variant.inc"
 #include "variants.inc"
 
@@ -113,9 +121,10 @@ void RunFillInterleaved(Isa isa, const T* src, int64_t height, int64_t width,
 template <typename T>
 void RunCorrelate(Isa isa, const T* planar, const ConvTerms<T>& terms, const T* bias,
                   int64_t out_rows, int64_t out_width, int64_t row_step, OutputVectors vectors,
-                  bool stream, T* tile, T* out, const OutputStrides& out_at) {
+                  bool stream, T* tile, T* out, const OutputStrides& out_at,
+                  const NextInput& next) {
   TFSPARSE_DISPATCH(isa, Correlate<T>, planar, terms, bias, out_rows, out_width, row_step,
-                    vectors, stream, tile, out, out_at);
+                    vectors, stream, tile, out, out_at, next);
 }
 
 template <typename T>
@@ -448,7 +457,19 @@ class ConvCall {
     const auto& workers = *ctx->device()->tensorflow_cpu_worker_threads();
     const bool stream = batch_ * out_at.image * static_cast<int64_t>(sizeof(T)) >
                         kCacheBytesPerThread * workers.num_threads;
-    ParallelUnits(ctx, batch_ * bands, [&](int64_t begin, int64_t end) {
+    const int64_t units = batch_ * bands;
+    // The source rows unit u's fill reads (the placement's inverse, rows
+    // clamped to the image).
+    const auto input_of = [&](int64_t u) {
+      if (u >= units) return NextInput{nullptr, 0};
+      const int64_t top = u % bands * band * rows_per_out - at.pad_top;
+      const int64_t h0 = std::max<int64_t>(0, top / at.up_h);
+      const int64_t h1 = std::min<int64_t>(src_h, (top + layout.rows) / at.up_h + 1);
+      const int64_t row_bytes = src_w * layout.channels * static_cast<int64_t>(sizeof(T));
+      return NextInput{reinterpret_cast<const char*>(src + u / bands * src_image) + h0 * row_bytes,
+                       std::max<int64_t>(0, h1 - h0) * row_bytes};
+    };
+    ParallelUnits(ctx, units, [&](int64_t begin, int64_t end) {
       auto planar = Scratch<T>(layout.Size() + 2 * lanes);
       auto tile = Scratch<T>(tile_size);
       for (int64_t unit = begin; unit < end; ++unit) {
@@ -456,12 +477,16 @@ class ConvCall {
         Placement here = at;
         here.row0 = first * rows_per_out;
         fill(src + b * src_image, here, planar.get());
+        // The next unit's input, also past this block of units: the thread
+        // that takes it (likely this one) finds it in L2, or L3 if not.
+        NextInput next = input_of(unit + 1);
         for (const CorrelateTarget<T>& t : targets) {
           const int64_t rows = std::min(band, t.out_h - first);
           if (rows <= 0 || t.out_w == 0) continue;
           RunCorrelate<T>(isa_, planar.get(), t.terms, bias, rows, t.out_w, row_step, vectors,
                           stream, tile.get(), t.out + b * out_at.image + first * out_at.row,
-                          out_at);
+                          out_at, next);
+          next.bytes = 0;  // fetched by the first target's pass
         }
       }
     });
