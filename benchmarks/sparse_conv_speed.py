@@ -5,15 +5,15 @@
 Issue 15's case: one 3x3 layer, 64 -> 64 channels, 32 x 32 input, stride 1,
 "same", batch 32, float32, at 80/90/95/98% sparsity, and the same for a strided
 (stride 2) and a 1x1 layer. For each: inference and a training step (forward,
-the input and weight gradients, SGD update) of SparseConv2D (compiled kernels in the variant
-asked) and of Conv2D with the same masked kernel, interleaved in one process
-(medians). SparseConv2D on TensorFlow's CSR ops (the GPU / kernels-off path)
-is timed in a round of its own against Conv2D: it sweeps over 100 MB per call
-(an im2col-sized window per tap), and whichever layer ran after it took
-longer for it (at 95%: Conv2D 0.7 ms, SparseConv2D 1.0 ms more than after
-each other), a neighbour neither meets in a network. Prints the CPU, the kernel variant, times and ratios, the issue's
-targets, the ratios SparseProp reported for the same case, and the crossover
-sparsity.
+the input and weight gradients, SGD update) of SparseConv2D (compiled kernels
+in the variant asked) and of Conv2D with the same masked kernel, interleaved
+in one process (medians). SparseConv2D on TensorFlow's CSR ops (the GPU /
+kernels-off path) is timed in a round of its own against Conv2D: it sweeps
+over 100 MB per call (an im2col-sized window per tap), and whichever layer
+ran after it took longer for it (at 95%: Conv2D 0.7 ms, SparseConv2D 1.0 ms
+more than after each other), a neighbour neither meets in a network. Prints
+the CPU, the kernel variant, times and ratios, the issue's targets, the
+ratios SparseProp reported for the same case, and the crossover sparsity.
 """
 
 import argparse
