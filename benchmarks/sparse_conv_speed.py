@@ -91,10 +91,11 @@ def run_case(name, kernel_size, stride, sparsity, args, rng):
     ratios = []
     for title, make in (("inference", lambda l: infer_fn(l, x)),
                         ("training step", lambda l: train_step_fn(l, x, target))):
+        fns = {n: make(l) for n, l in layers.items()}
         # Each round pairs one SparseConv2D path with Conv2D (module docstring).
-        pair = interleaved_medians({n: make(layers[n]) for n in ("SparseConv2D", "Conv2D")},
+        pair = interleaved_medians({n: fns[n] for n in ("SparseConv2D", "Conv2D")},
                                    repeats=args.repeats)
-        slow = interleaved_medians({n: make(layers[n]) for n in (TF_OPS, "Conv2D")},
+        slow = interleaved_medians({n: fns[n] for n in (TF_OPS, "Conv2D")},
                                    repeats=args.repeats)
         print(f"{name:<12} {title:<14} SparseConv2D {pair['SparseConv2D'] * 1e3:7.2f} ms  "
               f"Conv2D {pair['Conv2D'] * 1e3:7.2f} ms  "
