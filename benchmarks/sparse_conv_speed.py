@@ -1,6 +1,7 @@
 """SparseConv2D against Conv2D (TensorFlow's oneDNN path), side by side.
 
     python benchmarks/sparse_conv_speed.py [--isa all|avx512|avx2|portable] [--repeats 10]
+                                           [--conv2d-isa matched|native]
 
 Issue 15's case: one 3x3 layer, 64 -> 64 channels, 32 x 32 input, stride 1,
 "same", batch 32, float32, at 80/90/95/98% sparsity, and the same for a strided
@@ -14,11 +15,22 @@ ran after it took longer for it (at 95%: Conv2D 0.7 ms, SparseConv2D 1.0 ms
 more than after each other), a neighbour neither meets in a network. Prints
 the CPU, the kernel variant, times and ratios, the issue's targets, the
 ratios SparseProp reported for the same case, and the crossover sparsity.
+
+Conv2D's instruction set follows the variant (``--conv2d-isa matched``, the
+default): each variant runs in a process of its own with oneDNN capped by
+``ONEDNN_MAX_CPU_ISA`` at what a CPU whose widest tfsparse variant is that
+one has (avx512: AVX512_CORE; avx2: AVX2; portable: AVX, as TensorFlow's
+wheels need AVX), so a forced variant meets the Conv2D its CPUs run.
+``--conv2d-isa native`` times every variant against oneDNN's own choice on
+this CPU, in one process.
 """
 
 import argparse
+import json
 import os
 import subprocess
+import sys
+import tempfile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -30,7 +42,8 @@ from tfsparse.layers import SparseConv2D  # noqa: E402
 from tfsparse.ops import kernels  # noqa: E402
 from tfsparse.ops.conv import sparse_conv2d  # noqa: E402
 from sparse_dense_speed import train_step_fn  # noqa: E402
-from timing import interleaved_medians  # noqa: E402
+from timing import (add_isa_argument, describe_machine, interleaved_medians,  # noqa: E402
+                    isas_to_run)
 
 # SparseProp's SparseConv2d (PyTorch, CPU) at 95% sparsity, as multiples of
 # TensorFlow's Conv2D: inference, training step (issue 15, AMD EPYC Zen 3).
@@ -40,6 +53,10 @@ SPARSEPROP = (2.0, 2.0)
 GEOMETRIES = {"3x3 s1": (3, 1), "3x3 s2": (3, 2), "1x1 s1": (1, 1)}
 SPARSITIES = (0.80, 0.90, 0.95, 0.98)
 MODES = ("inference", "training step")  # the order of run_case's two ratios
+# oneDNN's instruction-set cap (ONEDNN_MAX_CPU_ISA) for Conv2D on a CPU whose
+# widest tfsparse variant is the key. TensorFlow's wheels are compiled for AVX,
+# so a CPU that runs them without AVX2 + FMA (portable) still has AVX.
+MATCHED_ONEDNN_ISA = {"avx512": "AVX512_CORE", "avx2": "AVX2", "portable": "AVX"}
 TF_OPS = "SparseConv2D on TF ops"
 CASES = [(f"{geometry} {sparsity:.0%}", kernel, stride, sparsity)  # (name, size, stride, sparsity)
          for geometry, (kernel, stride) in GEOMETRIES.items() for sparsity in SPARSITIES]
@@ -52,13 +69,6 @@ class TensorFlowOpsSparseConv2D(SparseConv2D):
         return sparse_conv2d(inputs, self.values, self._pattern(), self.kernel_size,
                              self.strides, self.padding, self.dilation_rate,
                              use_kernel=False, bias=self.bias)
-
-
-def cpu_model():
-    for line in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines():
-        if line.startswith("Model name:"):
-            return line.split(":", 1)[1].strip()
-    return "unknown CPU"
 
 
 def infer_fn(layer, x):
@@ -122,7 +132,9 @@ def crossovers(ratios):
 
 
 def run_variant(args):
-    print(f"\nkernel variant: {kernels.isa()}")
+    cap = os.environ.get("ONEDNN_MAX_CPU_ISA")
+    print(f"\nkernel variant: {kernels.isa()}; Conv2D: oneDNN "
+          + (f"capped at {cap} (ONEDNN_MAX_CPU_ISA)" if cap else "on this CPU's own choice"))
     rng = np.random.default_rng(0)
     ratios = {case[0]: run_case(*case, args, rng) for case in CASES}
     infer, train = ratios["3x3 s1 95%"]
@@ -138,6 +150,22 @@ def run_variant(args):
         print(f"{geometry} {mode}: sparse faster from sparsity "
               + (f"{lowest:.0%}" if lowest is not None else "none of 80-98%"))
     return found
+
+
+def run_variant_in_own_process(variant, args):
+    """run_variant for ``variant`` in a child process whose oneDNN is capped at
+    MATCHED_ONEDNN_ISA[variant] (the cap is read once per process)."""
+    env = dict(os.environ, ONEDNN_MAX_CPU_ISA=MATCHED_ONEDNN_ISA[variant])
+    with tempfile.TemporaryDirectory() as directory:
+        found_path = os.path.join(directory, "found.json")
+        command = [sys.executable, os.path.abspath(__file__), "--isa", variant,
+                   "--conv2d-isa", "matched", "--found-json", found_path,
+                   "--repeats", str(args.repeats), "--batch", str(args.batch),
+                   "--size", str(args.size), "--channels", str(args.channels)]
+        subprocess.run(command, env=env, check=True)
+        with open(found_path) as file:
+            rows = json.load(file)
+    return {(geometry, mode): lowest for geometry, mode, lowest in rows}
 
 
 def print_crossover_densities(found_by_variant):
@@ -156,23 +184,37 @@ def print_crossover_densities(found_by_variant):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--isa", default=None,
-                        help="a kernel variant, or 'all' for each one this CPU supports")
+    add_isa_argument(parser)
+    parser.add_argument("--conv2d-isa", choices=("matched", "native"), default="matched",
+                        help="Conv2D's oneDNN instruction set: capped at what a CPU of each "
+                             "kernel variant has (each variant in its own process), or this "
+                             "CPU's own for every variant")
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--size", type=int, default=32)
     parser.add_argument("--channels", type=int, default=64)
+    parser.add_argument("--found-json", help=argparse.SUPPRESS)  # a child's crossovers
     args = parser.parse_args()
-    print(f"CPU: {cpu_model()}, {os.cpu_count()} CPUs; compiled kernels: "
-          f"{kernels.available()} (default variant {kernels.isa()}); batch {args.batch}, "
+    variants = isas_to_run(args.isa)
+    if variants == [None]:
+        raise SystemExit("the compiled kernels are not available: build them with "
+                         "`python -m tfsparse.ops.build`")
+    print(f"{describe_machine(variants)}; {os.cpu_count()} CPUs; batch {args.batch}, "
           f"{args.size}x{args.size}, {args.channels}->{args.channels} channels, 'same', "
-          f"float32; medians of {args.repeats} interleaved runs")
-    variants = kernels.supported_isas() if args.isa == "all" else (
-        [args.isa] if args.isa else [kernels.isa()])
+          f"float32; medians of {args.repeats} interleaved runs", flush=True)
     found_by_variant = {}
     for variant in variants:
+        matched = MATCHED_ONEDNN_ISA[variant]
+        if args.conv2d_isa == "matched" and os.environ.get("ONEDNN_MAX_CPU_ISA") != matched:
+            found_by_variant[variant] = run_variant_in_own_process(variant, args)
+            continue
         with kernels.use_isa(variant):
-            found_by_variant[kernels.isa()] = run_variant(args)
+            found_by_variant[variant] = run_variant(args)
+    if args.found_json:
+        with open(args.found_json, "w") as file:
+            json.dump([[geometry, mode, lowest] for (geometry, mode), lowest
+                       in found_by_variant[variants[0]].items()], file)
+        return
     print_crossover_densities(found_by_variant)
 
 

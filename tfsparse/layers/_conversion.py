@@ -18,10 +18,13 @@ from tfsparse.layers.sparse_dense import SparseDense
 # (TensorFlow's oneDNN path), by kernel density, per geometry: the density
 # below which both inference and a training step (input gradient included)
 # were faster on every kernel variant, as printed by
-#     python benchmarks/sparse_conv_speed.py --isa all --repeats 10
+#     python benchmarks/sparse_conv_speed.py --isa all --conv2d-isa native --repeats 10
 # (64 -> 64 channels, 32 x 32, "same", batch 32, float32, at 80/90/95/98%
 # sparsity; "crossover density per geometry"), on the project's 2-core Intel
-# Xeon (AVX-512), machine quiet (load 0.9-1.7). 0 would mean sparse was not
+# Xeon (AVX-512), machine quiet (load 0.9-1.7). Native (every variant against
+# this CPU's AVX-512 oneDNN) gives the lower densities; the default,
+# Conv2D capped at each variant's CPUs, gave 0.2 for every geometry (1x1 0.1
+# once). 0 would mean sparse was not
 # faster in some mode on some variant even at 98%: sparsify's default would
 # leave such layers dense. Narrower layers pay less than these 64-channel ones (see
 # benchmarks/sparse_resnet.py); ``sparsify(measure=...)`` times each layer on
