@@ -100,6 +100,32 @@ def _level(working_set, caches):
     return "L3" if working_set <= caches.get("L3", 0) else "memory"
 
 
+def _random_reads(working_set, nbytes, caches):
+    """``{level: bytes}``: ``nbytes`` read at random over ``working_set`` bytes, at best.
+
+    A cache of C bytes holds at most C / working_set of the set, so at most
+    that share of reads spread over it can hit there (whatever its
+    replacement policy): each level serves the share the levels above it
+    cannot hold, the rest comes from memory. Optimistic, as a bound must be:
+    a set a little larger than L2 is still mostly read from L2.
+    """
+    loads, held = {}, 0
+    for level in ("L1", "L2", "L3"):
+        holds = min(caches.get(level, 0), working_set)
+        if holds > held:
+            loads[level] = nbytes * (holds - held) / working_set
+            held = holds
+    if held < working_set:
+        loads["memory"] = nbytes * (working_set - held) / working_set
+    return loads
+
+
+def _add(loads, more):
+    for level, size in more.items():
+        loads[level] = loads.get(level, 0) + size
+    return loads
+
+
 def roofline(rates, madds, loads):
     """(bound seconds, binding resource) for ``madds`` and ``{level: bytes}``."""
     times = {"multiply-adds": madds / rates["madds"]}
@@ -127,19 +153,17 @@ def spmm_bound(rates, variant, batch, n_in, units, nnz, dtype_bytes=4):
 
     Per panel of P batch rows (x transposed to ``[n_in][P]``): every nonzero
     costs P multiply-adds (rows past the batch included), one P-float load of
-    the panel (from the level that holds ``n_in * P`` floats) and its value
-    and index (8 bytes, from the level that holds all of them); x and y
-    cross memory once.
+    a row of the panel at random (``_random_reads`` over its ``n_in * P``
+    floats) and its value and index (8 bytes, streamed from the level that
+    holds all of them); x and y cross memory once.
     """
     caches = cache_sizes()
     panel_rows = spmm_panel_rows(variant, batch, dtype_bytes)
     panels = -(-batch // panel_rows)
-    loads = {
-        _level(n_in * panel_rows * dtype_bytes, caches): nnz * panels * panel_rows * dtype_bytes,
-    }
-    stream_level = _level(nnz * (dtype_bytes + 4), caches)
-    loads[stream_level] = loads.get(stream_level, 0) + nnz * panels * (dtype_bytes + 4)
-    loads["memory"] = loads.get("memory", 0) + batch * (n_in + units) * dtype_bytes
+    loads = _random_reads(n_in * panel_rows * dtype_bytes,
+                          nnz * panels * panel_rows * dtype_bytes, caches)
+    _add(loads, {_level(nnz * (dtype_bytes + 4), caches): nnz * panels * (dtype_bytes + 4)})
+    _add(loads, {"memory": batch * (n_in + units) * dtype_bytes})
     return roofline(rates, nnz * panels * panel_rows, loads)
 
 
@@ -147,15 +171,15 @@ def sddmm_bound(rates, batch, n_in, units, nnz, dtype_bytes=4):
     """The roofline of the SDDMM ``out[k] = x_t[rows[k]] . dy_t[cols[k]]``.
 
     Every nonzero is a dot product of two rows of ``batch`` floats: the row
-    of ``x_t`` from the level that holds all of ``x_t`` (the nonzeros of a
-    column hit scattered rows), the row of ``dy_t`` from L1 (the nonzeros are
-    sorted by column, so a column's nonzeros reuse it); ``dy_t``, the
-    indices and the output cross memory once.
+    of ``x_t`` at random (``_random_reads`` over all of ``x_t``: the
+    nonzeros of a column hit scattered rows), the row of ``dy_t`` from L1
+    (the nonzeros are sorted by column, so a column's nonzeros reuse it);
+    ``dy_t``, the indices and the output cross memory once.
     """
     caches = cache_sizes()
-    loads = {_level(n_in * batch * dtype_bytes, caches): nnz * batch * dtype_bytes,
-             "memory": (n_in + units) * batch * dtype_bytes + nnz * (dtype_bytes + 8)}
-    loads["L1"] = loads.get("L1", 0) + nnz * batch * dtype_bytes
+    loads = _random_reads(n_in * batch * dtype_bytes, nnz * batch * dtype_bytes, caches)
+    _add(loads, {"L1": nnz * batch * dtype_bytes,
+                 "memory": (n_in + units) * batch * dtype_bytes + nnz * (dtype_bytes + 8)})
     return roofline(rates, nnz * batch, loads)
 
 

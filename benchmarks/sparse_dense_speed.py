@@ -20,8 +20,11 @@ each batch size:
     the call, not the product, is most of the time.
 Prints times, ratios, the issue's targets, and for every variant the roofline
 bound of its kernels on this machine (benchmarks/roofline.py) with the
-fraction of it SparseDense achieves; with several batches, the curve of all
-of them at the end.
+fraction of it SparseDense achieves: of the whole call, and of each of the
+three kernels of a training step (forward SpMM, input-gradient SpMM, SDDMM)
+alone, timed inside one graph without TensorFlow's per-call cost
+(benchmarks/kernel_time.py); with several batches, the curve of all of them
+at the end.
 """
 
 import argparse
@@ -38,6 +41,7 @@ from tfsparse._keras import keras  # noqa: E402
 from tfsparse.layers import SparseDense  # noqa: E402
 from tfsparse.ops import SparsityPattern, kernels_available, sparse_matmul  # noqa: E402
 from tfsparse.ops import kernels  # noqa: E402
+import kernel_time  # noqa: E402
 import roofline  # noqa: E402
 from timing import cpu_model, interleaved_medians  # noqa: E402
 
@@ -177,8 +181,11 @@ def fastest_run(fn, repeats):
     return min(times)
 
 
-def rooflines(sparse_names, train, infer, fastest, args, batch, nnz):
+def rooflines(sparse_names, rates_of, train, infer, fastest, args, batch, nnz):
     """Each variant's bounds on this machine and the fractions achieved.
+
+    Args:
+      rates_of: dict variant -> its rates (``roofline.measure``).
 
     Returns:
       dict name -> (inference bound seconds, its binding resource,
@@ -190,7 +197,7 @@ def rooflines(sparse_names, train, infer, fastest, args, batch, nnz):
     for name, variant in sparse_names.items():
         if variant is None:
             continue
-        rates = roofline.measure(variant, os.cpu_count())
+        rates = rates_of[variant]
         forward, forward_by = roofline.spmm_bound(rates, variant, batch, n, n, nnz)
         sddmm, sddmm_by = roofline.sddmm_bound(rates, batch, n, n, nnz)
         step = 2 * forward + sddmm  # forward, input gradient (same shape), SDDMM
@@ -201,6 +208,61 @@ def rooflines(sparse_names, train, infer, fastest, args, batch, nnz):
               f"{step * 1e3:.2f} ms (SDDMM: {sddmm_by}), achieved {step / train[name]:.0%}")
     print()
     return bounds
+
+
+KERNELS = ("forward", "input gradient", "SDDMM")
+
+
+def kernel_rooflines(sparse_names, rates_of, pattern, values, batch, repeats):
+    """The three kernels of a training step, each alone (kernel_time.py), against their bounds.
+
+    The forward SpMM with its bias, the input gradient ``dy @ W^T`` (the SpMM
+    on the transposed pattern, as the layer's gradient calls it), and the
+    SDDMM of the values gradient, on the layer's pattern and random ``x`` and
+    ``dy``.
+
+    Returns:
+      dict name -> {kernel: (seconds, bound seconds, binding resource)}.
+    """
+    n_in, units = pattern.shape
+    rng = np.random.default_rng(batch + 1)
+    x = tf.constant(rng.standard_normal((batch, n_in)).astype(np.float32))
+    dy = tf.constant(rng.standard_normal((batch, units)).astype(np.float32))
+    order = pattern.row_major_order
+    forward_inputs = (x, values, pattern.rows, pattern.cols, np.zeros(units, np.float32))
+    # W^T's nonzeros sorted by its output index (W's row): W's row-major order.
+    gradient_inputs = (dy, values[order], pattern.cols[order], pattern.rows[order])
+    sddmm_inputs = (tf.transpose(x), tf.transpose(dy), pattern.rows, pattern.cols)
+    ops, bounds = {}, {}
+    for name, variant in sparse_names.items():
+        if variant is None:
+            continue
+        ops[name, "forward"] = (
+            lambda x, v, r, c, b: kernels.spmm(x, v, r, c, units, b), forward_inputs, variant)
+        ops[name, "input gradient"] = (
+            lambda dy, v, r, c: kernels.spmm(dy, v, r, c, n_in), gradient_inputs, variant)
+        ops[name, "SDDMM"] = (kernels.sddmm, sddmm_inputs, variant)
+        rates = rates_of[variant]
+        bounds[name] = {
+            "forward": roofline.spmm_bound(rates, variant, batch, n_in, units, pattern.nnz),
+            "input gradient": roofline.spmm_bound(rates, variant, batch, units, n_in,
+                                                  pattern.nnz),
+            "SDDMM": roofline.sddmm_bound(rates, batch, n_in, units, pattern.nnz),
+        }
+    seconds = kernel_time.per_op_seconds(
+        {f"{name} {kernel}": op for (name, kernel), op in ops.items()}, repeats)
+    print("each kernel alone (benchmarks/kernel_time.py: run 11 times in one graph call, "
+          "less once; without TensorFlow's per-call cost), fraction = bound / its time")
+    found = {}
+    for name, by_kernel in bounds.items():
+        found[name] = {}
+        for kernel, (bound, binding) in by_kernel.items():
+            time_taken = seconds[f"{name} {kernel}"]
+            found[name][kernel] = (time_taken, bound, binding)
+            print(f"  {name} {kernel:<15} {time_taken * 1e3:8.3f} ms, bound "
+                  f"{bound * 1e3:.3f} ms ({binding}): {bound / time_taken:.0%}")
+    print()
+    return found
 
 
 def run_batch(args, batch, matrix, pattern, values):
@@ -261,12 +323,15 @@ def run_batch(args, batch, matrix, pattern, values):
         print_table(title, results, sparse)
     fastest = {name: fastest_run(lambda f=predict[name]: np.asarray(f()), args.repeats)
                for name in sparse}
-    bounds = rooflines({name: used for name, (_, used) in sparse.items()}, train, infer, fastest,
-                       args, batch, pattern.nnz)
+    used_by_name = {name: used for name, (_, used) in sparse.items()}
+    rates_of = {used: roofline.measure(used, os.cpu_count())
+                for used in set(used_by_name.values()) if used is not None}
+    bounds = rooflines(used_by_name, rates_of, train, infer, fastest, args, batch, pattern.nnz)
+    alone = kernel_rooflines(used_by_name, rates_of, pattern, values, batch, args.repeats)
     for name in sparse:
-        print_targets(name, train, infer, batch, bounds.get(name))
+        print_targets(name, train, infer, batch, bounds.get(name), alone.get(name))
     print()
-    return train, infer, fastest, bounds
+    return train, infer, fastest, bounds, alone
 
 
 def print_curve(curve):
@@ -275,7 +340,7 @@ def print_curve(curve):
           "of the median, of the fastest run), x SciPy CSR, x Dense; "
           "likewise as a SavedModel signature (concrete "
           "function) and called eagerly; training step median ms")
-    for batch, (train, infer, fastest, bounds) in curve.items():
+    for batch, (train, infer, fastest, bounds, alone) in curve.items():
         for name, (forward, forward_by, _) in bounds.items():
             print(f"  batch {batch:>5} {name:<24} {infer[name] * 1e3:8.3f} ms "
                   f"({forward / infer[name]:4.0%}, {forward / fastest[name]:4.0%} of "
@@ -286,7 +351,9 @@ def print_curve(curve):
                   f"{infer['SciPy CSR (1 thread)'] / infer[name + ' signature']:5.2f}x SciPy; eager "
                   f"{infer[name + ' eager'] * 1e3:8.3f} ms, "
                   f"{infer['SciPy CSR (1 thread)'] / infer[name + ' eager']:5.2f}x SciPy; "
-                  f"training step {train[name] * 1e3:8.3f} ms")
+                  f"training step {train[name] * 1e3:8.3f} ms; alone (of bound): "
+                  + ", ".join(f"{kernel} {taken * 1e3:.3f} ms ({bound / taken:.0%})"
+                              for kernel, (taken, bound, _) in alone[name].items()))
 
 
 def main():
@@ -321,8 +388,11 @@ def print_table(title, results, sparse):
     print()
 
 
-def print_targets(name, train, infer, batch, bound):
-    """The issue's targets; those of batch 256 for every batch of 256 or more."""
+def print_targets(name, train, infer, batch, bound, alone=None):
+    """The issue's targets; those of batch 256 for every batch of 256 or more.
+
+    ``alone``: {kernel: (seconds, bound seconds, binding)} of kernel_rooflines.
+    """
     scipy = infer["SciPy CSR (1 thread)"] / infer[name]
     targets = [
         ("train step >= 6x faster than Dense", train["Dense"] / train[name], 6),
@@ -338,7 +408,11 @@ def print_targets(name, train, infer, batch, bound):
     if batch >= 256:
         targets.append(("inference >= 7x faster than SciPy CSR", scipy, 7))
         if bound is not None:
-            targets.append(("inference >= 40% of its roofline bound", bound[0] / infer[name], 0.4))
+            targets.append(("inference (the whole call) >= 40% of its roofline bound",
+                            bound[0] / infer[name], 0.4))
+        for kernel, (taken, kernel_bound, _) in (alone or {}).items():
+            targets.append((f"{kernel} kernel alone >= 40% of its roofline bound",
+                            kernel_bound / taken, 0.4))
     for target, ratio, goal in targets:
         print(f"{'PASS' if ratio >= goal else 'FAIL'}  {name}: {target}: {ratio:.2f}"
               f"{'' if goal < 1 else 'x'}")
