@@ -217,7 +217,9 @@ def kernel_rooflines(sparse_names, rates_of, pattern, values, batch, repeats):
     """The three kernels of a training step, each alone (kernel_time.py), against their bounds.
 
     The forward SpMM with its bias, the input gradient ``dy @ W^T`` (the SpMM
-    on the transposed pattern, as the layer's gradient calls it), and the
+    on W's nonzeros in row-major order, given permuted: the layer's gradient
+    passes W's order to the op, which permutes the nonzeros in one pass before
+    the SpMM; that pass is not SpMM work and is not timed here), and the
     SDDMM of the values gradient, on the layer's pattern and random ``x`` and
     ``dy``.
 

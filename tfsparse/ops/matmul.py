@@ -96,14 +96,13 @@ def _differentiable_product(product, x, values, rows, cols, pattern, bias, use_k
 
     def backward(x, values, dy):
         # dy @ W^T: the kernel W^T has the rows and cols of W swapped, and
-        # W's row-major order sorts it by its output index, as required.
-        dx = product(
-            dy,
-            tf.gather(values, order),
-            tf.gather(cols, order),
-            tf.gather(rows, order),
-            units=input_dim,
-        )
+        # W's row-major order sorts it by its output index, as required (the
+        # compiled kernel permutes the nonzeros itself, in one pass).
+        if product is _compiled_product:
+            dx = kernels.spmm(dy, values, cols, rows, input_dim, order=order)
+        else:
+            dx = product(dy, tf.gather(values, order), tf.gather(cols, order),
+                         tf.gather(rows, order), units=input_dim)
         dvalues = sddmm(
             tf.transpose(x), tf.transpose(dy), rows, cols, use_kernel=use_kernel
         )

@@ -186,16 +186,21 @@ def sddmm(x_t, dy_t, rows, cols):
     return _library().tfsparse_sddmm(x_t, dy_t, rows, cols, isa=isa())
 
 
-def spmm(x, values, idx, seg, units, bias=None):
+def spmm(x, values, idx, seg, units, bias=None, order=None):
     """``y[b, j] = bias[j] + sum_{k: seg[k] == j} x[b, idx[k]] * values[k]``.
 
     ``seg`` (int32) must be sorted, with entries in ``[0, units)``;
-    ``bias=None`` adds nothing.
+    ``bias=None`` adds nothing. ``order`` (int32 ``[nnz]``, optional): use
+    the nonzeros in that order, ``values[order]``, ``idx[order]`` and
+    ``seg[order]`` (then sorted), permuted inside the op.
     """
     x = tf.convert_to_tensor(x)
     if bias is None:
         bias = tf.zeros([0], x.dtype)
-    return _library().tfsparse_spmm(x, values, idx, seg, bias, units=int(units), isa=isa())
+    if order is None:
+        order = tf.zeros([0], tf.int32)
+    return _library().tfsparse_spmm(x, values, idx, seg, bias, order, units=int(units),
+                                    isa=isa())
 
 
 def sidco(flat, stages, ratio, first_ratio, distribution, exclude_zeros,

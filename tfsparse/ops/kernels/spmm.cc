@@ -9,6 +9,11 @@
 // Dense. With the kernel's column-major pattern (idx = input of each nonzero,
 // seg = its column) this is the forward product x @ W; with the row-major
 // pattern (idx = output, seg = row) it is the input gradient dy @ W^T.
+// `order` may name that permutation instead (empty: none): the op then uses
+// the nonzeros values[order[k]], idx[order[k]], seg[order[k]] for k = 0 ..
+// nnz - 1, copied into place in one pass here, so the input gradient takes the
+// column-major pattern and W's row-major order as they are (three tf.gather
+// ops took about twice as long as this pass).
 //
 // The compute code (spmm_variant.inc) is compiled once per instruction-set
 // variant (variants.inc); the op's "isa" attribute picks one (isa.h).
@@ -37,6 +42,7 @@ REGISTER_OP("TfsparseSpmm")
     .Input("idx: int32")
     .Input("seg: int32")
     .Input("bias: T")
+    .Input("order: int32")
     .Output("y: T")
     .Attr("T: {float, double}")
     .Attr("units: int >= 0")
@@ -88,6 +94,7 @@ class SpmmOp : public OpKernel {
     const Tensor& idx_tensor = ctx->input(2);
     const Tensor& seg_tensor = ctx->input(3);
     const Tensor& bias_tensor = ctx->input(4);
+    const Tensor& order_tensor = ctx->input(5);
     OP_REQUIRES(ctx, x_tensor.dims() == 2,
                 errors::InvalidArgument("x must be 2-D, got rank ",
                                         x_tensor.dims()));
@@ -107,11 +114,41 @@ class SpmmOp : public OpKernel {
                 errors::InvalidArgument("bias must be empty or of length ",
                                         units, ", got shape ",
                                         bias_tensor.shape().DebugString()));
+    const int64_t order_size = order_tensor.NumElements();
+    OP_REQUIRES(ctx, order_size == 0 || order_size == nnz,
+                errors::InvalidArgument("order must be empty or of length nnz=",
+                                        nnz, ", got ", order_size));
+    const T* values = values_tensor.flat<T>().data();
     const int32_t* idx = idx_tensor.flat<int32_t>().data();
     const int32_t* seg = seg_tensor.flat<int32_t>().data();
+    std::vector<T> values_in_order;
+    std::vector<int32_t> idx_in_order, seg_in_order;
+    if (order_size > 0) {
+      const int32_t* order = order_tensor.flat<int32_t>().data();
+      if (int64_t{RunMaxIndex(isa_, order, nnz)} >= nnz) {
+        for (int64_t k = 0; k < nnz; ++k) {
+          OP_REQUIRES(ctx, order[k] >= 0 && order[k] < nnz,
+                      errors::InvalidArgument("order[", k, "]=", order[k],
+                                              " is outside [0, nnz=", nnz, ")"));
+        }
+      }
+      values_in_order.resize(nnz);
+      idx_in_order.resize(nnz);
+      seg_in_order.resize(nnz);
+      for (int64_t k = 0; k < nnz; ++k) {
+        const int32_t from = order[k];
+        values_in_order[k] = values[from];
+        idx_in_order[k] = idx[from];
+        seg_in_order[k] = seg[from];
+      }
+      values = values_in_order.data();
+      idx = idx_in_order.data();
+      seg = seg_in_order.data();
+    }
     std::vector<int64_t> ptr(units + 1);
     OP_REQUIRES(ctx, RunSegmentPointers(isa_, seg, nnz, units, ptr.data()),
-                errors::InvalidArgument("seg must be sorted and in [0, units=",
+                errors::InvalidArgument("seg (taken in `order`, if given) must "
+                                        "be sorted and in [0, units=",
                                         units, ")"));
     // A vectorized max over idx read as uint32 (a negative index wraps above
     // any limit; int32 indices cannot reach 2^32 - 1); the loop that names
@@ -129,9 +166,8 @@ class SpmmOp : public OpKernel {
     if (batch == 0 || units == 0) return;
     const T* bias =
         bias_tensor.NumElements() == 0 ? nullptr : bias_tensor.flat<T>().data();
-    RunSpmm<T>(isa_, ctx, x_tensor.flat<T>().data(),
-               values_tensor.flat<T>().data(), idx, ptr.data(), bias, batch,
-               n_in, units, nnz, y_tensor->flat<T>().data());
+    RunSpmm<T>(isa_, ctx, x_tensor.flat<T>().data(), values, idx, ptr.data(),
+               bias, batch, n_in, units, nnz, y_tensor->flat<T>().data());
   }
 
  private:
