@@ -121,6 +121,7 @@ def _random_reads(working_set, nbytes, caches):
 
 
 def _add(loads, more):
+    """Adds ``more`` (``{level: bytes}``) into ``loads``; returns ``loads``."""
     for level, size in more.items():
         loads[level] = loads.get(level, 0) + size
     return loads
