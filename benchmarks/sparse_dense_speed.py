@@ -210,9 +210,6 @@ def rooflines(sparse_names, rates_of, train, infer, fastest, args, batch, nnz):
     return bounds
 
 
-KERNELS = ("forward", "input gradient", "SDDMM")
-
-
 def kernel_rooflines(sparse_names, rates_of, pattern, values, batch, repeats):
     """The three kernels of a training step, each alone (kernel_time.py), against their bounds.
 
