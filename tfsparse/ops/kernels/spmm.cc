@@ -80,6 +80,24 @@ uint32_t RunMaxIndex(Isa isa, const int32_t* idx, int64_t nnz) {
   TFSPARSE_DISPATCH(isa, MaxIndex, idx, nnz);
 }
 
+// OK when every one of the n entries of `index` (the input called `name`) is
+// in [0, limit). A vectorized max over them read as uint32 (a negative index
+// wraps above any limit; int32 indices cannot reach 2^32 - 1); the loop that
+// names the culprit runs only when it fails.
+absl::Status CheckIndices(Isa isa, const char* name, const int32_t* index,
+                          int64_t n, int64_t limit) {
+  if (n == 0 || int64_t{RunMaxIndex(isa, index, n)} < limit) {
+    return absl::OkStatus();
+  }
+  for (int64_t k = 0; k < n; ++k) {
+    if (index[k] < 0 || index[k] >= limit) {
+      return errors::InvalidArgument(name, "[", k, "]=", index[k],
+                                     " is outside [0, ", limit, ")");
+    }
+  }
+  return absl::OkStatus();
+}
+
 template <typename T>
 class SpmmOp : public OpKernel {
  public:
@@ -125,13 +143,7 @@ class SpmmOp : public OpKernel {
     std::vector<int32_t> idx_in_order, seg_in_order;
     if (order_size > 0) {
       const int32_t* order = order_tensor.flat<int32_t>().data();
-      if (int64_t{RunMaxIndex(isa_, order, nnz)} >= nnz) {
-        for (int64_t k = 0; k < nnz; ++k) {
-          OP_REQUIRES(ctx, order[k] >= 0 && order[k] < nnz,
-                      errors::InvalidArgument("order[", k, "]=", order[k],
-                                              " is outside [0, nnz=", nnz, ")"));
-        }
-      }
+      OP_REQUIRES_OK(ctx, CheckIndices(isa_, "order", order, nnz, nnz));
       values_in_order.resize(nnz);
       idx_in_order.resize(nnz);
       seg_in_order.resize(nnz);
@@ -150,16 +162,7 @@ class SpmmOp : public OpKernel {
                 errors::InvalidArgument("seg (taken in `order`, if given) must "
                                         "be sorted and in [0, units=",
                                         units, ")"));
-    // A vectorized max over idx read as uint32 (a negative index wraps above
-    // any limit; int32 indices cannot reach 2^32 - 1); the loop that names
-    // the culprit runs only when it fails.
-    if (nnz > 0 && int64_t{RunMaxIndex(isa_, idx, nnz)} >= n_in) {
-      for (int64_t k = 0; k < nnz; ++k) {
-        OP_REQUIRES(ctx, idx[k] >= 0 && idx[k] < n_in,
-                    errors::InvalidArgument("idx[", k, "]=", idx[k],
-                                            " is outside [0, ", n_in, ")"));
-      }
-    }
+    OP_REQUIRES_OK(ctx, CheckIndices(isa_, "idx", idx, nnz, n_in));
     Tensor* y_tensor = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(
                             0, TensorShape({batch, units}), &y_tensor));
