@@ -181,36 +181,56 @@ def fastest_run(fn, repeats):
     return min(times)
 
 
-def rooflines(sparse_names, rates_of, train, infer, fastest, args, batch, nnz):
-    """Each variant's bounds on this machine and the fractions achieved.
+def kernel_bounds(sparse_names, pattern, batch):
+    """The roofline bound of each kernel of a training step, per SparseDense variant.
 
-    Args:
-      rates_of: dict variant -> its rates (``roofline.measure``).
+    Measures each variant's rates once (``roofline.measure``).
+
+    Returns:
+      dict name -> {"forward" | "input gradient" | "SDDMM": (bound seconds,
+      binding resource)}; the input gradient is the SpMM ``dy @ W^T``.
+    """
+    n_in, units = pattern.shape
+    rates_of, bounds = {}, {}
+    for name, variant in sparse_names.items():
+        if variant is None:
+            continue
+        if variant not in rates_of:
+            rates_of[variant] = roofline.measure(variant, os.cpu_count())
+        rates = rates_of[variant]
+        bounds[name] = {
+            "forward": roofline.spmm_bound(rates, variant, batch, n_in, units, pattern.nnz),
+            "input gradient": roofline.spmm_bound(rates, variant, batch, units, n_in,
+                                                  pattern.nnz),
+            "SDDMM": roofline.sddmm_bound(rates, batch, n_in, units, pattern.nnz),
+        }
+    return bounds
+
+
+def rooflines(bounds_of, train, infer, fastest):
+    """Each variant's call-level fractions of its bounds (``kernel_bounds``).
 
     Returns:
       dict name -> (inference bound seconds, its binding resource,
       training-step kernels' bound seconds).
     """
-    n, bounds = args.size, {}
+    bounds = {}
     print(f"roofline bounds (benchmarks/roofline.py, {os.cpu_count()} threads; "
           f"fraction = bound / median time, and bound / fastest run)")
-    for name, variant in sparse_names.items():
-        if variant is None:
-            continue
-        rates = rates_of[variant]
-        forward, forward_by = roofline.spmm_bound(rates, variant, batch, n, n, nnz)
-        sddmm, sddmm_by = roofline.sddmm_bound(rates, batch, n, n, nnz)
-        step = 2 * forward + sddmm  # forward, input gradient (same shape), SDDMM
+    for name, by_kernel in bounds_of.items():
+        forward, forward_by = by_kernel["forward"]
+        step = sum(bound for bound, _ in by_kernel.values())
         bounds[name] = (forward, forward_by, step)
         print(f"  {name}: inference bound {forward * 1e3:.3f} ms ({forward_by}), "
               f"achieved {forward / infer[name]:.0%} (fastest run "
               f"{fastest[name] * 1e3:.3f} ms: {forward / fastest[name]:.0%}); training-step kernels bound "
-              f"{step * 1e3:.2f} ms (SDDMM: {sddmm_by}), achieved {step / train[name]:.0%}")
+              f"{step * 1e3:.2f} ms (SDDMM: {by_kernel['SDDMM'][1]}), "
+              f"achieved {step / train[name]:.0%}")
     print()
     return bounds
 
 
-def kernel_rooflines(sparse_names, rates_of, pattern, values, batch, repeats):
+def kernel_rooflines(bounds_of, variant_of, pattern, values, batch, repeats):
     """The three kernels of a training step, each alone (kernel_time.py), against their bounds.
 
     The forward SpMM with its bias, the input gradient ``dy @ W^T`` (the SpMM
@@ -219,6 +239,9 @@ def kernel_rooflines(sparse_names, rates_of, pattern, values, batch, repeats):
     the SpMM; that pass is not SpMM work and is not timed here), and the
     SDDMM of the values gradient, on the layer's pattern and random ``x`` and
     ``dy``.
+
+    Args:
+      bounds_of: ``kernel_bounds``'s result; variant_of: dict name -> variant.
 
     Returns:
       dict name -> {kernel: (seconds, bound seconds, binding resource)}.
@@ -232,28 +255,20 @@ def kernel_rooflines(sparse_names, rates_of, pattern, values, batch, repeats):
     # W^T's nonzeros sorted by its output index (W's row): W's row-major order.
     gradient_inputs = (dy, values[order], pattern.cols[order], pattern.rows[order])
     sddmm_inputs = (tf.transpose(x), tf.transpose(dy), pattern.rows, pattern.cols)
-    ops, bounds = {}, {}
-    for name, variant in sparse_names.items():
-        if variant is None:
-            continue
+    ops = {}
+    for name in bounds_of:
+        variant = variant_of[name]
         ops[name, "forward"] = (
             lambda x, v, r, c, b: kernels.spmm(x, v, r, c, units, b), forward_inputs, variant)
         ops[name, "input gradient"] = (
             lambda dy, v, r, c: kernels.spmm(dy, v, r, c, n_in), gradient_inputs, variant)
         ops[name, "SDDMM"] = (kernels.sddmm, sddmm_inputs, variant)
-        rates = rates_of[variant]
-        bounds[name] = {
-            "forward": roofline.spmm_bound(rates, variant, batch, n_in, units, pattern.nnz),
-            "input gradient": roofline.spmm_bound(rates, variant, batch, units, n_in,
-                                                  pattern.nnz),
-            "SDDMM": roofline.sddmm_bound(rates, batch, n_in, units, pattern.nnz),
-        }
     seconds = kernel_time.per_op_seconds(
         {f"{name} {kernel}": op for (name, kernel), op in ops.items()}, repeats)
     print("each kernel alone (benchmarks/kernel_time.py: run 11 times in one graph call, "
           "less once; without TensorFlow's per-call cost), fraction = bound / its time")
     found = {}
-    for name, by_kernel in bounds.items():
+    for name, by_kernel in bounds_of.items():
         found[name] = {}
         for kernel, (bound, binding) in by_kernel.items():
             time_taken = seconds[f"{name} {kernel}"]
@@ -323,10 +338,9 @@ def run_batch(args, batch, matrix, pattern, values):
     fastest = {name: fastest_run(lambda f=predict[name]: np.asarray(f()), args.repeats)
                for name in sparse}
     used_by_name = {name: used for name, (_, used) in sparse.items()}
-    rates_of = {used: roofline.measure(used, os.cpu_count())
-                for used in set(used_by_name.values()) if used is not None}
-    bounds = rooflines(used_by_name, rates_of, train, infer, fastest, args, batch, pattern.nnz)
-    alone = kernel_rooflines(used_by_name, rates_of, pattern, values, batch, args.repeats)
+    bounds_of = kernel_bounds(used_by_name, pattern, batch)
+    bounds = rooflines(bounds_of, train, infer, fastest)
+    alone = kernel_rooflines(bounds_of, used_by_name, pattern, values, batch, args.repeats)
     for name in sparse:
         print_targets(name, train, infer, batch, bounds.get(name), alone.get(name))
     print()
