@@ -6,6 +6,7 @@ import scipy.sparse
 import tensorflow as tf
 
 from kernel_paths import PATHS
+from kernel_paths import VARIANTS
 from tfsparse.ops import SparsityPattern
 from tfsparse.ops.conv import sparse_conv2d
 
@@ -57,10 +58,11 @@ def _xla(function):
     return tf.function(function, jit_compile=True)
 
 
-# The compiled variants and TensorFlow's CSR path (eager), and the dense
-# fallback XLA compiles.
+# The compiled variants and TensorFlow's CSR path (eager), and each compiled
+# variant as XLA's custom calls (jit_compile).
 _RUNS = [pytest.param(path.values[0], _eager, id=path.id, marks=path.marks) for path in PATHS] + [
-    pytest.param(None, _xla, id="xla")]
+    pytest.param(None, _xla, id=f"xla-{variant.values[0]}", marks=variant.marks)
+    for variant in VARIANTS]
 
 
 @pytest.mark.parametrize("use_kernel,compile_with", _RUNS)
@@ -117,12 +119,12 @@ def test_strided_input_gradient_equals_dense_conv2d(use_kernel, strides, padding
                                 (*kernel_size, 3, 5))
 
 
-@pytest.mark.parametrize("use_kernel", PATHS)
+@pytest.mark.parametrize("use_kernel,compile_with", _RUNS)
 @pytest.mark.parametrize("strides", [1, 2])
-def test_float64_layers_equal_dense_conv2d(use_kernel, strides):
+def test_float64_layers_equal_dense_conv2d(use_kernel, compile_with, strides):
     # The compiled kernels' double-precision code (other vector widths and
     # block transposes than float32's) on wide rows and channels.
-    _check_against_dense_conv2d(use_kernel, _eager, strides, "same", 1, (9, 37), 2,
+    _check_against_dense_conv2d(use_kernel, compile_with, strides, "same", 1, (9, 37), 2,
                                 (3, 3, 21, 18), dtype=tf.float64)
 
 

@@ -46,9 +46,11 @@ class SparseConv2D(keras.layers.Layer, tfmot.sparsity.keras.PrunableLayer):
     saved with the layer as non-trainable int32 weights (``pattern_rows``,
     ``pattern_cols``), as in ``SparseDense``. It computes with
     ``tfsparse.ops.sparse_conv2d`` on the nonzeros only (compiled direct
-    sparse convolution on CPU; TensorFlow's CSR ops on GPU and in exported
-    SavedModels; the dense kernel under XLA). The kernel regularizer is
-    called on ``values``.
+    sparse convolution on CPU, also under XLA as a custom call; TensorFlow's
+    CSR ops on GPU and in exported SavedModels). The kernel regularizer is
+    called on ``values``. ``jit_compile=True`` needs the compiled kernels
+    on CPU (``tfsparse.ops.conv.xla_supported()``); elsewhere it is a
+    ``ValueError``, as XLA could only compile the dense kernel.
 
     Args:
       filters: positive int, the number of output channels.

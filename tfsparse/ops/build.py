@@ -35,6 +35,11 @@ FLAGS = [
 ]
 
 
+# Folders under the wheel's include/external that XLA's headers expect on
+# the include path.
+XLA_HEADER_DIRS = ("highwayhash", "farmhash_archive/src")
+
+
 def build_info_path(library):
     """The JSON file that records what ``library`` was built against."""
     return pathlib.Path(library).with_suffix(".json")
@@ -52,12 +57,18 @@ def compile_command(output=LIBRARY_PATH, compiler="g++"):
     import tensorflow as tf
 
     sources = sorted(str(path) for path in KERNEL_DIR.glob("*.cc"))
+    include = pathlib.Path(tf.sysconfig.get_include())
     return (
         [compiler] + FLAGS
         + sources
         + ["-o", str(output)]
         + tf.sysconfig.get_compile_flags()
+        # XLA's headers (sparse_conv_xla.cc) include these two of the wheel's
+        # bundled libraries by their own paths.
+        + [f"-I{include / 'external' / name}" for name in XLA_HEADER_DIRS]
         + tf.sysconfig.get_link_flags()
+        # XLA's op registry and custom-call builder (sparse_conv_xla.cc).
+        + ["-l:libtensorflow_cc.so.2"]
     )
 
 

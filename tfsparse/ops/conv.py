@@ -20,6 +20,40 @@ class _TapPattern:
         self.shape = shape
 
 
+def xla_supported():
+    """Whether ``sparse_conv2d`` compiles under XLA (``jit_compile=True``) here.
+
+    It does as a custom call to tfsparse's compiled CPU kernels: when they
+    are built and enabled, no GPU is visible and no SavedModel is being
+    exported. Without them XLA could only compile a convolution with the
+    dense kernel, which tfsparse does not do.
+
+    Example:
+      >>> xla_supported() == (kernels.available() and not tf.config.list_logical_devices("GPU"))
+      True
+    """
+    return (kernels.available() and not _tf_internal.gpu_visible()
+            and not _tf_internal.in_saved_model_export())
+
+
+def _check_xla_supported(use_kernel):
+    """Raises ``ValueError`` unless the compiled kernels can serve XLA here."""
+    if use_kernel is False:
+        reason = "use_kernel=False asks for TensorFlow's ops, which XLA cannot compile"
+    elif not kernels.available():
+        reason = "tfsparse's compiled kernels are not available (not built, or disabled)"
+    elif _tf_internal.gpu_visible():
+        reason = "a GPU is visible, and the kernels are the CPU's only"
+    elif _tf_internal.in_saved_model_export():
+        reason = "an exported SavedModel holds core TensorFlow ops only"
+    else:
+        return
+    raise ValueError(
+        "sparse_conv2d compiles under XLA (jit_compile=True) only as a call to tfsparse's "
+        f"compiled CPU kernels, and here {reason}. Run it without jit_compile "
+        "(model.compile(..., jit_compile=False), the default).")
+
+
 def _output_size_and_padding(size, kernel, stride, dilation, padding):
     """Output size and the padding before/after of one spatial axis, as Conv2D."""
     extent = (kernel - 1) * dilation + 1
@@ -52,12 +86,12 @@ def sparse_conv2d(x, values, pattern, kernel_size, strides=(1, 1), padding="vali
       sparse ``(cin, filters)`` slice, by ``sparse_matmul`` on TensorFlow's
       CSR kernels. Training keeps every tap's window for the gradient: ``kh *
       kw`` copies of the input, the size of an im2col buffer;
-    * in functions XLA compiles (``jit_compile=True``), whose shapes must be
-      static, the nonzeros are scattered into the dense kernel
-      (``kh * kw * cin * filters`` floats, small beside the activations)
-      for ``tf.nn.conv2d``.
+    * in functions XLA compiles (``jit_compile=True``) for the CPU, the same
+      compiled kernels as XLA custom calls (on XLA's thread pool), when
+      ``xla_supported()``; otherwise a ``ValueError`` says why (XLA
+      could only compile the dense kernel; run it without ``jit_compile``).
 
-    All three compute the same sums (in other orders); the gradients with
+    Both compute the same sums (in other orders); the gradients with
     respect to ``x``, ``values`` and ``bias`` are exact.
 
     Args:
@@ -69,7 +103,8 @@ def sparse_conv2d(x, values, pattern, kernel_size, strides=(1, 1), padding="vali
       kernel_size, strides, dilation_rate: pairs of positive ints.
       padding: ``"valid"`` or ``"same"``, as ``tf.nn.conv2d``.
       use_kernel: ``True``/``False`` to force the compiled kernels or
-        TensorFlow's ops; ``None`` for ``use_compiled_kernels()``.
+        TensorFlow's ops; ``None`` for ``use_compiled_kernels()`` (under
+        XLA, the compiled kernels; ``False`` is then an error).
       bias: optional float tensor ``[filters]``.
 
     Returns:
@@ -94,11 +129,11 @@ def sparse_conv2d(x, values, pattern, kernel_size, strides=(1, 1), padding="vali
     kh, kw = kernel_size
     rows_total, filters = (int(s) for s in pattern.shape)
     cin = rows_total // (kh * kw)
-    if use_kernel is None:
-        use_kernel = use_compiled_kernels()
     if _tf_internal.in_xla_context():
-        y = _dense_conv2d(x, values, pattern, kernel_size, strides, padding, dilation_rate)
-        return y if bias is None else tf.nn.bias_add(y, tf.cast(bias, y.dtype))
+        _check_xla_supported(use_kernel)
+        use_kernel = True
+    elif use_kernel is None:
+        use_kernel = use_compiled_kernels()
     rows = tf.convert_to_tensor(pattern.rows, tf.int32)
     cols = tf.convert_to_tensor(pattern.cols, tf.int32)
     values = tf.convert_to_tensor(values, x.dtype)
@@ -173,14 +208,3 @@ def _compiled_conv2d(x, values, rows, cols, filters, kernel_size, strides, paddi
         return forward(x, values, bias), lambda dy: gradients(x, values, dy)
 
     return conv_with_bias(x, values, tf.cast(bias, x.dtype))
-
-
-def _dense_conv2d(x, values, pattern, kernel_size, strides, padding, dilation_rate):
-    """``tf.nn.conv2d`` on the nonzeros scattered into the dense kernel (XLA)."""
-    rows_total, filters = (int(s) for s in pattern.shape)
-    indices = tf.stack([tf.convert_to_tensor(pattern.rows, tf.int32),
-                        tf.convert_to_tensor(pattern.cols, tf.int32)], axis=1)
-    kernel = tf.scatter_nd(indices, tf.cast(values, x.dtype), [rows_total, filters])
-    kernel = tf.reshape(kernel, [kernel_size[0], kernel_size[1], -1, filters])
-    return tf.nn.conv2d(x, kernel, strides=[1, *strides, 1], padding=padding.upper(),
-                        dilations=[1, *dilation_rate, 1])

@@ -34,9 +34,7 @@ Isa BestIsa() {
   return Isa::kPortable;
 }
 
-absl::Status IsaFromAttr(tensorflow::OpKernelConstruction* ctx, Isa* isa) {
-  std::string name;
-  TF_RETURN_IF_ERROR(ctx->GetAttr("isa", &name));
+absl::Status IsaFromName(const std::string& name, Isa* isa) {
   if (name.empty()) {
     *isa = BestIsa();
     return absl::OkStatus();
@@ -57,6 +55,12 @@ absl::Status IsaFromAttr(tensorflow::OpKernelConstruction* ctx, Isa* isa) {
         "' variant of tfsparse's kernels");
   }
   return absl::OkStatus();
+}
+
+absl::Status IsaFromAttr(tensorflow::OpKernelConstruction* ctx, Isa* isa) {
+  std::string name;
+  TF_RETURN_IF_ERROR(ctx->GetAttr("isa", &name));
+  return IsaFromName(name, isa);
 }
 
 }  // namespace tfsparse

@@ -29,8 +29,11 @@ inline bool IsaSupported(Isa isa) {
 // The widest variant the CPU supports.
 Isa BestIsa();
 
-// Reads the op's "isa" attribute: "" for BestIsa(), else "portable", "avx2"
-// or "avx512", which the CPU must support.
+// The variant named "" (BestIsa()), "portable", "avx2" or "avx512", which
+// the CPU must support.
+absl::Status IsaFromName(const std::string& name, Isa* isa);
+
+// Reads the op's "isa" attribute (IsaFromName).
 absl::Status IsaFromAttr(tensorflow::OpKernelConstruction* ctx, Isa* isa);
 
 }  // namespace tfsparse

@@ -43,12 +43,15 @@
 #include <immintrin.h>
 #endif
 
+#include "absl/strings/str_join.h"
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/shape_inference.h"
+#include "tensorflow/core/platform/statusor.h"
 #include "tensorflow/core/platform/threadpool.h"
 #include "isa.h"
+#include "sparse_conv.h"
 
 using namespace tensorflow;  // NOLINT
 
@@ -103,9 +106,9 @@ struct NextInput {
 #define TFSPARSE_VARIANT_SOURCE "sparse_conv_variant.inc"
 #include "variants.inc"
 
+namespace tfsparse {
+namespace conv {
 namespace {
-
-using tfsparse::Isa;
 
 template <typename T>
 void RunFillPlanar(Isa isa, const T* src, int64_t height, int64_t width, const Placement& at,
@@ -146,16 +149,14 @@ int64_t RunLanes(Isa isa) {
   TFSPARSE_DISPATCH(isa, Lanes<T>);
 }
 
-// Runs fn(begin, end) over [0, units) on TensorFlow's intra-op pool in
-// blocks of about a quarter of a thread's share: on a loaded machine a
-// thread the OS deschedules then holds back one small block, not half the
-// work, while the others take the rest.
-void ParallelUnits(OpKernelContext* ctx, int64_t units,
+// Runs fn(begin, end) over [0, units) on the workers in blocks of about a
+// quarter of a thread's share: on a loaded machine a thread the OS
+// deschedules then holds back one small block, not half the work, while the
+// others take the rest.
+void ParallelUnits(const ConvWorkers& workers, int64_t units,
                    const std::function<void(int64_t, int64_t)>& fn) {
-  const auto& workers = *ctx->device()->tensorflow_cpu_worker_threads();
-  if (units <= 1 || workers.num_threads <= 1) return fn(0, units);
-  const int64_t block = std::max<int64_t>(1, units / (4 * workers.num_threads));
-  workers.workers->ParallelFor(units, thread::ThreadPool::SchedulingParams::Fixed(block), fn);
+  if (units <= 1 || workers.threads <= 1) return fn(0, units);
+  workers.parallel_for(units, std::max<int64_t>(1, units / (4 * workers.threads)), fn);
 }
 
 // About the cache (L2) a worker thread has to itself: outputs larger than
@@ -176,61 +177,6 @@ ScratchArray<T> Scratch(int64_t size) {
   return ScratchArray<T>(
       static_cast<T*>(std::aligned_alloc(kAlign, (bytes + kAlign - 1) / kAlign * kAlign)));
 }
-
-#define TFSPARSE_CONV_ATTRS                     \
-  Attr("T: {float, double}")                    \
-      .Attr("filters: int >= 1")                \
-      .Attr("kernel_size: list(int) >= 2")      \
-      .Attr("strides: list(int) >= 2")          \
-      .Attr("dilations: list(int) >= 2")        \
-      .Attr("padding: {'VALID', 'SAME'}")       \
-      .Attr("isa: string = ''")
-
-REGISTER_OP("TfsparseSparseConvForward")
-    .Input("x: T")
-    .Input("values: T")
-    .Input("rows: int32")
-    .Input("cols: int32")
-    .Input("bias: T")
-    .Output("y: T")
-    .TFSPARSE_CONV_ATTRS
-    .SetShapeFn([](shape_inference::InferenceContext* c) {
-      shape_inference::ShapeHandle x;
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 4, &x));
-      int64_t filters;
-      TF_RETURN_IF_ERROR(c->GetAttr("filters", &filters));
-      c->set_output(0, c->MakeShape({c->Dim(x, 0), c->UnknownDim(), c->UnknownDim(),
-                                     c->MakeDim(filters)}));
-      return absl::OkStatus();
-    });
-
-REGISTER_OP("TfsparseSparseConvBackpropInput")
-    .Input("dy: T")
-    .Input("values: T")
-    .Input("rows: int32")
-    .Input("cols: int32")
-    .Input("input_shape: int32")
-    .Output("dx: T")
-    .TFSPARSE_CONV_ATTRS
-    .SetShapeFn(shape_inference::UnknownShape);
-
-REGISTER_OP("TfsparseSparseConvBackpropValues")
-    .Input("x: T")
-    .Input("dy: T")
-    .Input("rows: int32")
-    .Input("cols: int32")
-    .Output("dv: T")
-    .Output("dbias: T")
-    .TFSPARSE_CONV_ATTRS
-    .SetShapeFn([](shape_inference::InferenceContext* c) {
-      c->set_output(0, c->input(2));
-      int64_t filters;
-      TF_RETURN_IF_ERROR(c->GetAttr("filters", &filters));
-      c->set_output(1, c->MakeShape({c->MakeDim(filters)}));
-      return absl::OkStatus();
-    });
-
-enum class Pass { kForward, kBackpropInput, kBackpropValues };
 
 // One spatial axis as Conv2D computes it: output size and padding before.
 struct Axis {
@@ -315,81 +261,60 @@ struct CorrelateTarget {
   int64_t out_h, out_w;
 };
 
-// The op's attributes.
-struct ConvSettings {
-  Isa isa;
-  int64 filters;
-  bool same;
-  std::vector<std::vector<int32>> pairs;  // kernel_size, strides, dilations
-};
-
 // One call of an op: the settings and the geometry of this call's tensors
 // (a kernel may run concurrently, so nothing of a call lives in the kernel).
 template <typename T>
 class ConvCall {
  public:
-  ConvCall(const ConvSettings& settings, Pass pass)
+  ConvCall(const ConvSettings& settings, Pass pass, const ConvInputs<T>& inputs,
+           const ConvOutputs<T>& outputs, const ConvWorkers& workers)
       : pass_(pass), isa_(settings.isa), filters_(settings.filters), same_(settings.same),
-        pairs_(settings.pairs) {}
+        pairs_(settings.pairs), in_(inputs), outputs_(outputs), workers_(workers) {}
 
-  void Run(OpKernelContext* ctx) {
-    int64_t shape[4];  // of x: given to the input gradient, else x's own
-    if (pass_ == Pass::kBackpropInput) {
-      const Tensor& s = ctx->input(4);
-      OP_REQUIRES(ctx, s.NumElements() == 4,
-                  errors::InvalidArgument("input_shape must have 4 elements"));
-      for (int d = 0; d < 4; ++d) shape[d] = s.flat<int32>()(d);
-    } else {
-      OP_REQUIRES(ctx, ctx->input(0).dims() == 4,
-                  errors::InvalidArgument("x must be 4-D [B, H, W, C]"));
-      for (int d = 0; d < 4; ++d) shape[d] = ctx->input(0).dim_size(d);
+  absl::Status Run() {
+    // x's shape: given to the input gradient, else x's own.
+    const std::vector<int64_t>& shape =
+        pass_ == Pass::kBackpropInput ? in_.input_shape : in_.x.shape;
+    if (shape.size() != 4) {
+      return errors::InvalidArgument(pass_ == Pass::kBackpropInput
+                                         ? "input_shape must have 4 elements"
+                                         : "x must be 4-D [B, H, W, C]");
     }
     batch_ = shape[0];
     channels_ = shape[3];
     rows_ = MakeAxis(shape[1], pairs_[0][0], pairs_[1][0], pairs_[2][0], same_);
     cols_ = MakeAxis(shape[2], pairs_[0][1], pairs_[1][1], pairs_[2][1], same_);
-    OP_REQUIRES_OK(ctx, CheckNonzeros(ctx));
+    TF_RETURN_IF_ERROR(CheckNonzeros());
     if (pass_ != Pass::kForward) {
-      const Tensor& dy = ctx->input(pass_ == Pass::kBackpropValues ? 1 : 0);
-      OP_REQUIRES(ctx, dy.dims() == 4 && dy.dim_size(0) == batch_ &&
-                           dy.dim_size(1) == rows_.out && dy.dim_size(2) == cols_.out &&
-                           dy.dim_size(3) == filters_,
-                  errors::InvalidArgument("dy must be [", batch_, ", ", rows_.out, ", ",
-                                          cols_.out, ", ", filters_, "], got ",
-                                          dy.shape().DebugString()));
+      const std::vector<int64_t> expected{batch_, rows_.out, cols_.out, filters_};
+      if (in_.dy.shape != expected) {
+        return errors::InvalidArgument("dy must be [", absl::StrJoin(expected, ", "),
+                                       "], got [", absl::StrJoin(in_.dy.shape, ", "), "]");
+      }
     }
-    if (pass_ == Pass::kForward) return Forward(ctx);
-    if (pass_ == Pass::kBackpropInput) return BackpropInput(ctx);
-    return BackpropValues(ctx);
+    if (pass_ == Pass::kForward) return Forward();
+    if (pass_ == Pass::kBackpropInput) return BackpropInput();
+    return BackpropValues();
   }
 
  private:
-  // The nonzeros' im2col rows and columns (looked up once: they are read
-  // per nonzero).
-  const int32* Rows(OpKernelContext* ctx) {
-    if (rows_of_ == nullptr) rows_of_ = ctx->input(2).flat<int32>().data();
-    return rows_of_;
-  }
-  const int32* Cols(OpKernelContext* ctx) {
-    if (cols_of_ == nullptr) cols_of_ = ctx->input(3).flat<int32>().data();
-    return cols_of_;
-  }
+  // The nonzeros' im2col rows and columns.
+  const int32_t* Rows() const { return in_.rows.data; }
+  const int32_t* Cols() const { return in_.cols.data; }
   // Tap (i, j) and channel of nonzero k.
   int64_t TapRow(int64_t r) const { return r / channels_ / pairs_[0][1]; }
   int64_t TapCol(int64_t r) const { return r / channels_ % pairs_[0][1]; }
   int64_t Channel(int64_t r) const { return r % channels_; }
 
-  absl::Status CheckNonzeros(OpKernelContext* ctx) {
-    const Tensor& rows = ctx->input(2);
-    const Tensor& cols = ctx->input(3);
-    nnz_ = rows.NumElements();
-    if (rows.dims() != 1 || cols.dims() != 1 || cols.NumElements() != nnz_ ||
-        (pass_ != Pass::kBackpropValues && ctx->input(1).NumElements() != nnz_)) {
+  absl::Status CheckNonzeros() {
+    nnz_ = in_.rows.size();
+    if (in_.rows.shape.size() != 1 || in_.cols.shape.size() != 1 || in_.cols.size() != nnz_ ||
+        (pass_ != Pass::kBackpropValues && in_.values.size() != nnz_)) {
       return errors::InvalidArgument("values, rows and cols must be 1-D of equal length");
     }
     const int64_t rows_total = pairs_[0][0] * pairs_[0][1] * channels_;
     for (int64_t k = 0; k < nnz_; ++k) {
-      const int32 r = Rows(ctx)[k], c = Cols(ctx)[k];
+      const int32_t r = Rows()[k], c = Cols()[k];
       if (r < 0 || r >= rows_total || c < 0 || c >= filters_) {
         return errors::InvalidArgument("nonzero ", k, " at (", r, ", ", c,
                                        ") is outside the im2col kernel of shape (",
@@ -408,10 +333,9 @@ class ConvCall {
                         vectors * lanes + (cols_.kernel - 1) * cols_.dilation / cols_.stride};
   }
 
-  GroupedTerms<T> ForwardTerms(OpKernelContext* ctx, const PlanarLayout& layout,
-                               const T* values) {
-    const int32* r = Rows(ctx);
-    return Group<T>(nnz_, filters_, values, [&](int64_t k) { return Cols(ctx)[k]; },
+  GroupedTerms<T> ForwardTerms(const PlanarLayout& layout, const T* values) const {
+    const int32_t* r = Rows();
+    return Group<T>(nnz_, filters_, values, [&](int64_t k) { return Cols()[k]; },
                     [&](int64_t k) {
                       const int64_t column = TapCol(r[k]) * cols_.dilation;
                       return ((Channel(r[k]) * layout.phases + column % cols_.stride) *
@@ -435,7 +359,7 @@ class ConvCall {
   // [B, src_h, src_w, C']: each unit fills its planar rows once and computes
   // every target's rows [first, first + band) from them, written `out_at`
   // apart.
-  void CorrelateUnits(OpKernelContext* ctx, const T* src, int64_t src_h, int64_t src_w,
+  void CorrelateUnits(const T* src, int64_t src_h, int64_t src_w,
                       const PlanarLayout& layout, const Fill& fill, Placement at,
                       int64_t band, int64_t row_step, OutputVectors vectors,
                       const std::vector<CorrelateTarget<T>>& targets, const T* bias,
@@ -455,9 +379,8 @@ class ConvCall {
     const int64_t rows_per_out =
         row_step / (layout.pitch * (vectors.interleaved ? layout.channels : 1));
     // An output larger than the workers' caches is written past them.
-    const auto& workers = *ctx->device()->tensorflow_cpu_worker_threads();
     const bool stream = batch_ * out_at.image * static_cast<int64_t>(sizeof(T)) >
-                        kCacheBytesPerThread * workers.num_threads;
+                        kCacheBytesPerThread * workers_.threads;
     const int64_t units = batch_ * bands;
     // The source rows unit u's fill reads (the placement's inverse, rows
     // clamped to the image).
@@ -470,7 +393,7 @@ class ConvCall {
       return NextInput{reinterpret_cast<const char*>(src + u / bands * src_image) + h0 * row_bytes,
                        std::max<int64_t>(0, h1 - h0) * row_bytes};
     };
-    ParallelUnits(ctx, units, [&](int64_t begin, int64_t end) {
+    ParallelUnits(workers_, units, [&](int64_t begin, int64_t end) {
       auto planar = Scratch<T>(layout.Size() + 2 * lanes);
       auto tile = Scratch<T>(tile_size);
       for (int64_t unit = begin; unit < end; ++unit) {
@@ -516,11 +439,11 @@ class ConvCall {
 
   // The terms by filter, each filter's in order of their offsets into the
   // InterleavedLayout ([row][channel][pitch]).
-  GroupedTerms<T> InterleavedTerms(OpKernelContext* ctx, const PlanarLayout& layout,
-                                   int64_t lanes, const T* values) {
-    const int32* r = Rows(ctx);
+  GroupedTerms<T> InterleavedTerms(const PlanarLayout& layout, int64_t lanes,
+                                   const T* values) const {
+    const int32_t* r = Rows();
     GroupedTerms<T> grouped = Group<T>(
-        nnz_, filters_, values, [&](int64_t k) { return Cols(ctx)[k]; },
+        nnz_, filters_, values, [&](int64_t k) { return Cols()[k]; },
         [&](int64_t k) {
           return (TapRow(r[k]) * rows_.dilation * channels_ + Channel(r[k])) * layout.pitch +
                  TapCol(r[k]) * cols_.dilation * lanes;
@@ -529,33 +452,30 @@ class ConvCall {
     return grouped;
   }
 
-  void Forward(OpKernelContext* ctx) {
-    const Tensor& bias = ctx->input(4);
-    OP_REQUIRES(ctx, bias.dims() == 1 && (bias.NumElements() == 0 ||
-                                          bias.NumElements() == filters_),
-                errors::InvalidArgument("bias must be empty or of length ", filters_,
-                                        ", got shape ", bias.shape().DebugString()));
-    Tensor* y = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(
-                            0, TensorShape({batch_, rows_.out, cols_.out, filters_}), &y));
-    if (batch_ == 0 || rows_.out == 0 || cols_.out == 0) return;
-    const auto& workers = *ctx->device()->tensorflow_cpu_worker_threads();
+  absl::Status Forward() {
+    const ArrayView<T>& bias = in_.bias;
+    if (bias.shape.size() != 1 || (bias.size() != 0 && bias.size() != filters_)) {
+      return errors::InvalidArgument("bias must be empty or of length ", filters_,
+                                     ", got shape [", absl::StrJoin(bias.shape, ", "), "]");
+    }
+    TF_ASSIGN_OR_RETURN(T* y, outputs_(0, {batch_, rows_.out, cols_.out, filters_}));
+    if (batch_ == 0 || rows_.out == 0 || cols_.out == 0) return absl::OkStatus();
     const int64_t lanes = RunLanes<T>(isa_);
-    const int64_t band = InterleavedBand(workers.num_threads, lanes);
+    const int64_t band = InterleavedBand(workers_.threads, lanes);
     const PlanarLayout layout = InterleavedLayout(band, lanes);
-    const GroupedTerms<T> terms =
-        InterleavedTerms(ctx, layout, lanes, ctx->input(1).flat<T>().data());
+    const GroupedTerms<T> terms = InterleavedTerms(layout, lanes, in_.values.data);
     const int64_t span = (cols_.out + lanes - 1) / lanes * cols_.stride;
     const Fill fill = [&](const T* image, const Placement& here, T* planar) {
       RunFillInterleaved<T>(isa_, image, rows_.in, cols_.in, here, span, layout, planar);
     };
     const Placement at{1, 1, rows_.pad_before, cols_.pad_before, 0};
-    CorrelateUnits(ctx, ctx->input(0).flat<T>().data(), rows_.in, cols_.in, layout, fill, at,
-                   band, rows_.stride * channels_ * layout.pitch,
+    CorrelateUnits(in_.x.data, rows_.in, cols_.in, layout, fill, at, band,
+                   rows_.stride * channels_ * layout.pitch,
                    OutputVectors{cols_.stride * lanes, true},
-                   {{terms.View(), y->flat<T>().data(), rows_.out, cols_.out}},
-                   bias.NumElements() == 0 ? nullptr : bias.flat<T>().data(),
+                   {{terms.View(), y, rows_.out, cols_.out}},
+                   bias.size() == 0 ? nullptr : bias.data,
                    OutputStrides{rows_.out * cols_.out * filters_, cols_.out * filters_, filters_});
+    return absl::OkStatus();
   }
 
   // One axis of one stride phase of dx (the positions phase, phase +
@@ -606,22 +526,20 @@ class ConvCall {
   // (PhaseAxis), written to every stride-th row and pixel of dx. Only real
   // terms are multiplied (no zeros are inserted between dy's pixels), and
   // each unit's planar copy of dy serves all the phases.
-  void BackpropInput(OpKernelContext* ctx) {
-    Tensor* dx = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(
-                            0, TensorShape({batch_, rows_.in, cols_.in, channels_}), &dx));
-    const T* values = ctx->input(1).flat<T>().data();
+  absl::Status BackpropInput() {
+    TF_ASSIGN_OR_RETURN(T* dx, outputs_(0, {batch_, rows_.in, cols_.in, channels_}));
+    const T* values = in_.values.data;
     if (!std::all_of(values, values + nnz_, [](T v) { return v - v == T(0); })) {
       // The correlation multiplies the padding zeros by the values too:
       // exact only for finite values.
-      return BackpropInputDirect(ctx, values, dx->flat<T>().data());
+      BackpropInputDirect(values, dx);
+      return absl::OkStatus();
     }
     std::vector<PhaseAxis> ph, pw;  // one source window for all: the widest
     for (int64_t p = 0; p < rows_.stride; ++p) ph.emplace_back(rows_, p);
     for (int64_t p = 0; p < cols_.stride; ++p) pw.emplace_back(cols_, p);
     const PhaseAxis rows_window = PhaseAxis::Union(ph), cols_window = PhaseAxis::Union(pw);
-    const auto& workers = *ctx->device()->tensorflow_cpu_worker_threads();
-    const int64_t band = Band(rows_window.size, workers.num_threads);
+    const int64_t band = Band(rows_window.size, workers_.threads);
     const int64_t lanes = RunLanes<T>(isa_);
     const PlanarLayout layout{filters_, 1, band + rows_window.span,
                               (cols_window.size + lanes - 1) / lanes * lanes + cols_window.span};
@@ -630,30 +548,29 @@ class ConvCall {
     std::vector<CorrelateTarget<T>> targets;
     for (const PhaseAxis& h : ph) {
       for (const PhaseAxis& w : pw) {
-        terms.push_back(PhaseTerms(ctx, values, h, w, layout, rows_window.base,
-                                   cols_window.base));
+        terms.push_back(PhaseTerms(values, h, w, layout, rows_window.base, cols_window.base));
         targets.push_back({terms.back().View(),
-                           dx->flat<T>().data() + (h.phase * cols_.in + w.phase) * channels_,
-                           h.size, w.size});
+                           dx + (h.phase * cols_.in + w.phase) * channels_, h.size, w.size});
       }
     }
     const Placement at{1, 1, -rows_window.base, -cols_window.base, 0};
     const Fill fill = [&](const T* image, const Placement& here, T* planar) {
       RunFillPlanar<T>(isa_, image, rows_.out, cols_.out, here, layout, planar);
     };
-    CorrelateUnits(ctx, ctx->input(0).flat<T>().data(), rows_.out, cols_.out, layout, fill, at,
-                   band, layout.pitch, OutputVectors{lanes, false}, targets, nullptr,
+    CorrelateUnits(in_.dy.data, rows_.out, cols_.out, layout, fill, at, band, layout.pitch,
+                   OutputVectors{lanes, false}, targets, nullptr,
                    OutputStrides{rows_.in * cols_.in * channels_,
                                  rows_.stride * cols_.in * channels_, cols_.stride * channels_});
+    return absl::OkStatus();
   }
 
   // The nonzeros that reach phase (ph, pw), grouped by input channel, at
   // their offsets in `layout`, whose row and column 0 are dy's offsets
   // row_base and col_base.
-  GroupedTerms<T> PhaseTerms(OpKernelContext* ctx, const T* values, const PhaseAxis& ph,
-                             const PhaseAxis& pw, const PlanarLayout& layout, int64_t row_base,
-                             int64_t col_base) {
-    const int32* r = Rows(ctx);
+  GroupedTerms<T> PhaseTerms(const T* values, const PhaseAxis& ph, const PhaseAxis& pw,
+                             const PlanarLayout& layout, int64_t row_base,
+                             int64_t col_base) const {
+    const int32_t* r = Rows();
     auto reaches = [&](int64_t k, int64_t* e, int64_t* f) {
       return ph.Offset(rows_, TapRow(r[k]), e) && pw.Offset(cols_, TapCol(r[k]), f);
     };
@@ -666,18 +583,18 @@ class ConvCall {
         [&](int64_t k) {
           int64_t e = 0, f = 0;
           reaches(k, &e, &f);
-          return (Cols(ctx)[k] * layout.rows + e - row_base) * layout.pitch + f - col_base;
+          return (Cols()[k] * layout.rows + e - row_base) * layout.pitch + f - col_base;
         });
   }
 
   // The input gradient term by term on channels-last tensors (slow, exact
   // for any values: used when some are not finite).
-  void BackpropInputDirect(OpKernelContext* ctx, const T* values, T* dx) {
+  void BackpropInputDirect(const T* values, T* dx) const {
     std::fill(dx, dx + batch_ * rows_.in * cols_.in * channels_, T(0));
-    const T* dy = ctx->input(0).flat<T>().data();
+    const T* dy = in_.dy.data;
     for (int64_t b = 0; b < batch_; ++b) {
       for (int64_t k = 0; k < nnz_; ++k) {
-        const int64_t r = Rows(ctx)[k], f = Cols(ctx)[k];
+        const int64_t r = Rows()[k], f = Cols()[k];
         for (int64_t oy = 0; oy < rows_.out; ++oy) {
           const int64_t h = oy * rows_.stride + TapRow(r) * rows_.dilation - rows_.pad_before;
           for (int64_t ox = 0; ox < cols_.out && h >= 0 && h < rows_.in; ++ox) {
@@ -695,29 +612,24 @@ class ConvCall {
   // dv and the bias gradient (dy summed over its pixels, while each image's
   // planar copy of dy is in cache) over groups of images; each group keeps
   // [nnz + filters][lanes] partial sums, added up at the end.
-  void BackpropValues(OpKernelContext* ctx) {
-    Tensor* dv = nullptr;
-    Tensor* dbias = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({nnz_}), &dv));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({filters_}), &dbias));
-    T* out = dv->flat<T>().data();
-    T* bias_out = dbias->flat<T>().data();
+  absl::Status BackpropValues() {
+    TF_ASSIGN_OR_RETURN(T* out, outputs_(0, {nnz_}));
+    TF_ASSIGN_OR_RETURN(T* bias_out, outputs_(1, {filters_}));
     std::fill(out, out + nnz_, T(0));
     std::fill(bias_out, bias_out + filters_, T(0));
-    if (rows_.out == 0 || cols_.out == 0 || batch_ == 0) return;
+    if (rows_.out == 0 || cols_.out == 0 || batch_ == 0) return absl::OkStatus();
     const int64_t lanes = RunLanes<T>(isa_);
     const PlanarLayout x_layout = ForwardLayout(rows_.out, lanes);
     const PlanarLayout dy_layout{filters_, 1, rows_.out,
                                  (cols_.out + lanes - 1) / lanes * lanes};
-    const GroupedTerms<T> grouped = ForwardTerms(ctx, x_layout, nullptr);
+    const GroupedTerms<T> grouped = ForwardTerms(x_layout, nullptr);
     const ConvTerms<T> terms = grouped.View();
-    const auto& workers = *ctx->device()->tensorflow_cpu_worker_threads();
     const int64_t groups =
-        std::max<int64_t>(1, std::min<int64_t>(batch_, 4 * workers.num_threads));
+        std::max<int64_t>(1, std::min<int64_t>(batch_, 4 * workers_.threads));
     const int64_t sums = nnz_ + filters_;  // per group: the terms', then the filters'
     std::vector<T> partial(groups * sums * lanes, T(0));  // [group][sum][lane]
-    const T* x = ctx->input(0).flat<T>().data();
-    const T* dy = ctx->input(1).flat<T>().data();
+    const T* x = in_.x.data;
+    const T* dy = in_.dy.data;
     const int64_t x_image = rows_.in * cols_.in * channels_;
     const int64_t dy_image = rows_.out * cols_.out * filters_;
     const Placement x_at{1, 1, rows_.pad_before, cols_.pad_before, 0};
@@ -740,7 +652,7 @@ class ConvCall {
         }
       }
     };
-    ParallelUnits(ctx, groups, work);
+    ParallelUnits(workers_, groups, work);
     for (int64_t k = 0; k < sums; ++k) {
       T sum = 0;
       for (int64_t group = 0; group < groups; ++group) {
@@ -748,38 +660,196 @@ class ConvCall {
       }
       (k < nnz_ ? out[k] : bias_out[k - nnz_]) = sum;
     }
+    return absl::OkStatus();
   }
 
   const Pass pass_;
   const Isa isa_;
-  const int64 filters_;
+  const int64_t filters_;
   const bool same_;
-  const std::vector<std::vector<int32>>& pairs_;
+  const std::vector<std::vector<int64_t>>& pairs_;
+  const ConvInputs<T>& in_;
+  const ConvOutputs<T>& outputs_;
+  const ConvWorkers& workers_;
   int64_t batch_ = 0, channels_ = 0, nnz_ = 0;
-  const int32* rows_of_ = nullptr;
-  const int32* cols_of_ = nullptr;
   Axis rows_{}, cols_{};
 };
 
+}  // namespace
+
+absl::Status MakeConvSettings(const std::string& isa, int64_t filters,
+                              const std::string& padding,
+                              const std::vector<std::vector<int64_t>>& pairs,
+                              ConvSettings* settings) {
+  TF_RETURN_IF_ERROR(IsaFromName(isa, &settings->isa));
+  if (filters < 1) return errors::InvalidArgument("filters must be >= 1, got ", filters);
+  if (padding != "VALID" && padding != "SAME") {
+    return errors::InvalidArgument("padding must be 'VALID' or 'SAME', got '", padding, "'");
+  }
+  const char* names[] = {"kernel_size", "strides", "dilations"};
+  if (pairs.size() != 3) {
+    return errors::InvalidArgument("expected kernel_size, strides and dilations, got ",
+                                   pairs.size(), " pairs");
+  }
+  for (int i = 0; i < 3; ++i) {
+    if (pairs[i].size() != 2 || pairs[i][0] < 1 || pairs[i][1] < 1) {
+      return errors::InvalidArgument(names[i], " must be two positive ints");
+    }
+  }
+  settings->filters = filters;
+  settings->same = padding == "SAME";
+  settings->pairs = pairs;
+  return absl::OkStatus();
+}
+
+absl::Status ConvSettingsFromAttrs(OpKernelConstruction* ctx, ConvSettings* settings) {
+  std::string isa, padding;
+  int64_t filters;
+  TF_RETURN_IF_ERROR(ctx->GetAttr("isa", &isa));
+  TF_RETURN_IF_ERROR(ctx->GetAttr("filters", &filters));
+  TF_RETURN_IF_ERROR(ctx->GetAttr("padding", &padding));
+  std::vector<std::vector<int64_t>> pairs;
+  for (const char* name : {"kernel_size", "strides", "dilations"}) {
+    std::vector<int32> pair;
+    TF_RETURN_IF_ERROR(ctx->GetAttr(name, &pair));
+    pairs.emplace_back(pair.begin(), pair.end());
+  }
+  return MakeConvSettings(isa, filters, padding, pairs, settings);
+}
+
+std::vector<int64_t> ForwardOutputShape(const ConvSettings& settings,
+                                        const std::vector<int64_t>& x_shape) {
+  const auto& k = settings.pairs;
+  const Axis rows = MakeAxis(x_shape[1], k[0][0], k[1][0], k[2][0], settings.same);
+  const Axis cols = MakeAxis(x_shape[2], k[0][1], k[1][1], k[2][1], settings.same);
+  return {x_shape[0], rows.out, cols.out, settings.filters};
+}
+
+template <typename T>
+absl::Status RunConv(const ConvSettings& settings, Pass pass, const ConvInputs<T>& inputs,
+                     const ConvOutputs<T>& outputs, const ConvWorkers& workers) {
+  return ConvCall<T>(settings, pass, inputs, outputs, workers).Run();
+}
+
+template absl::Status RunConv<float>(const ConvSettings&, Pass, const ConvInputs<float>&,
+                                     const ConvOutputs<float>&, const ConvWorkers&);
+template absl::Status RunConv<double>(const ConvSettings&, Pass, const ConvInputs<double>&,
+                                      const ConvOutputs<double>&, const ConvWorkers&);
+
+}  // namespace conv
+}  // namespace tfsparse
+
+namespace {
+
+using tfsparse::conv::ArrayView;
+using tfsparse::conv::ConvInputs;
+using tfsparse::conv::ConvSettings;
+using tfsparse::conv::Pass;
+
+#define TFSPARSE_CONV_ATTRS                     \
+  Attr("T: {float, double}")                    \
+      .Attr("filters: int >= 1")                \
+      .Attr("kernel_size: list(int) >= 2")      \
+      .Attr("strides: list(int) >= 2")          \
+      .Attr("dilations: list(int) >= 2")        \
+      .Attr("padding: {'VALID', 'SAME'}")       \
+      .Attr("isa: string = ''")
+
+REGISTER_OP("TfsparseSparseConvForward")
+    .Input("x: T")
+    .Input("values: T")
+    .Input("rows: int32")
+    .Input("cols: int32")
+    .Input("bias: T")
+    .Output("y: T")
+    .TFSPARSE_CONV_ATTRS
+    .SetShapeFn([](shape_inference::InferenceContext* c) {
+      shape_inference::ShapeHandle x;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 4, &x));
+      int64_t filters;
+      TF_RETURN_IF_ERROR(c->GetAttr("filters", &filters));
+      c->set_output(0, c->MakeShape({c->Dim(x, 0), c->UnknownDim(), c->UnknownDim(),
+                                     c->MakeDim(filters)}));
+      return absl::OkStatus();
+    });
+
+REGISTER_OP("TfsparseSparseConvBackpropInput")
+    .Input("dy: T")
+    .Input("values: T")
+    .Input("rows: int32")
+    .Input("cols: int32")
+    .Input("input_shape: int32")
+    .Output("dx: T")
+    .TFSPARSE_CONV_ATTRS
+    .SetShapeFn(shape_inference::UnknownShape);
+
+REGISTER_OP("TfsparseSparseConvBackpropValues")
+    .Input("x: T")
+    .Input("dy: T")
+    .Input("rows: int32")
+    .Input("cols: int32")
+    .Output("dv: T")
+    .Output("dbias: T")
+    .TFSPARSE_CONV_ATTRS
+    .SetShapeFn([](shape_inference::InferenceContext* c) {
+      c->set_output(0, c->input(2));
+      int64_t filters;
+      TF_RETURN_IF_ERROR(c->GetAttr("filters", &filters));
+      c->set_output(1, c->MakeShape({c->MakeDim(filters)}));
+      return absl::OkStatus();
+    });
+
+template <typename T>
+ArrayView<T> ViewOf(const Tensor& t) {
+  ArrayView<T> view{t.flat<T>().data(), {}};
+  for (int d = 0; d < t.dims(); ++d) view.shape.push_back(t.dim_size(d));
+  return view;
+}
+
+// One of the three ops on TensorFlow's CPU device: its inputs as the pass
+// reads them (sparse_conv.h), outputs allocated by TensorFlow, work on the
+// device's intra-op pool.
 template <typename T>
 class SparseConvOp : public OpKernel {
  public:
   explicit SparseConvOp(OpKernelConstruction* ctx, Pass pass) : OpKernel(ctx), pass_(pass) {
-    OP_REQUIRES_OK(ctx, tfsparse::IsaFromAttr(ctx, &settings_.isa));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("filters", &settings_.filters));
-    std::string padding;
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("padding", &padding));
-    settings_.same = padding == "SAME";
-    for (const char* name : {"kernel_size", "strides", "dilations"}) {
-      std::vector<int32> pair;
-      OP_REQUIRES_OK(ctx, ctx->GetAttr(name, &pair));
-      OP_REQUIRES(ctx, pair.size() == 2 && pair[0] >= 1 && pair[1] >= 1,
-                  errors::InvalidArgument(name, " must be two positive ints"));
-      settings_.pairs.push_back(pair);
-    }
+    OP_REQUIRES_OK(ctx, tfsparse::conv::ConvSettingsFromAttrs(ctx, &settings_));
   }
 
-  void Compute(OpKernelContext* ctx) override { ConvCall<T>(settings_, pass_).Run(ctx); }
+  void Compute(OpKernelContext* ctx) override {
+    ConvInputs<T> in;
+    in.rows = ViewOf<int32_t>(ctx->input(2));
+    in.cols = ViewOf<int32_t>(ctx->input(3));
+    if (pass_ == Pass::kForward) {
+      in.x = ViewOf<T>(ctx->input(0));
+      in.values = ViewOf<T>(ctx->input(1));
+      in.bias = ViewOf<T>(ctx->input(4));
+    } else if (pass_ == Pass::kBackpropInput) {
+      in.dy = ViewOf<T>(ctx->input(0));
+      in.values = ViewOf<T>(ctx->input(1));
+      const Tensor& shape = ctx->input(4);
+      OP_REQUIRES(ctx, shape.dims() == 1,
+                  errors::InvalidArgument("input_shape must have 4 elements"));
+      for (int d = 0; d < shape.NumElements(); ++d) in.input_shape.push_back(shape.flat<int32>()(d));
+    } else {
+      in.x = ViewOf<T>(ctx->input(0));
+      in.dy = ViewOf<T>(ctx->input(1));
+    }
+    const tfsparse::conv::ConvOutputs<T> outputs =
+        [ctx](int index, const std::vector<int64_t>& shape) -> absl::StatusOr<T*> {
+      Tensor* out = nullptr;
+      TF_RETURN_IF_ERROR(ctx->allocate_output(index, TensorShape(shape), &out));
+      return out->flat<T>().data();
+    };
+    const auto& threads = *ctx->device()->tensorflow_cpu_worker_threads();
+    const tfsparse::conv::ConvWorkers workers{
+        threads.num_threads,
+        [&threads](int64_t units, int64_t block, const std::function<void(int64_t, int64_t)>& fn) {
+          threads.workers->ParallelFor(units, thread::ThreadPool::SchedulingParams::Fixed(block),
+                                       fn);
+        }};
+    OP_REQUIRES_OK(ctx, tfsparse::conv::RunConv<T>(settings_, pass_, in, outputs, workers));
+  }
 
  private:
   Pass pass_;
