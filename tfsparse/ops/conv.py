@@ -32,26 +32,20 @@ def xla_supported():
       >>> xla_supported() == (kernels.available() and not tf.config.list_logical_devices("GPU"))
       True
     """
-    return (kernels.available() and not _tf_internal.gpu_visible()
-            and not _tf_internal.in_saved_model_export())
+    return _why_not_xla(use_kernel=None) is None
 
 
-def _check_xla_supported(use_kernel):
-    """Raises ``ValueError`` unless the compiled kernels can serve XLA here."""
+def _why_not_xla(use_kernel):
+    """Why the compiled kernels cannot serve XLA here, or ``None`` if they can."""
     if use_kernel is False:
-        reason = "use_kernel=False asks for TensorFlow's ops, which XLA cannot compile"
-    elif not kernels.available():
-        reason = "tfsparse's compiled kernels are not available (not built, or disabled)"
-    elif _tf_internal.gpu_visible():
-        reason = "a GPU is visible, and the kernels are the CPU's only"
-    elif _tf_internal.in_saved_model_export():
-        reason = "an exported SavedModel holds core TensorFlow ops only"
-    else:
-        return
-    raise ValueError(
-        "sparse_conv2d compiles under XLA (jit_compile=True) only as a call to tfsparse's "
-        f"compiled CPU kernels, and here {reason}. Run it without jit_compile "
-        "(model.compile(..., jit_compile=False), the default).")
+        return "use_kernel=False asks for TensorFlow's ops, which XLA cannot compile"
+    if not kernels.available():
+        return "tfsparse's compiled kernels are not available (not built, or disabled)"
+    if _tf_internal.gpu_visible():
+        return "a GPU is visible, and the kernels are the CPU's only"
+    if _tf_internal.in_saved_model_export():
+        return "an exported SavedModel holds core TensorFlow ops only"
+    return None
 
 
 def _output_size_and_padding(size, kernel, stride, dilation, padding):
@@ -130,7 +124,12 @@ def sparse_conv2d(x, values, pattern, kernel_size, strides=(1, 1), padding="vali
     rows_total, filters = (int(s) for s in pattern.shape)
     cin = rows_total // (kh * kw)
     if _tf_internal.in_xla_context():
-        _check_xla_supported(use_kernel)
+        reason = _why_not_xla(use_kernel)
+        if reason is not None:
+            raise ValueError(
+                "sparse_conv2d compiles under XLA (jit_compile=True) only as a call to "
+                f"tfsparse's compiled CPU kernels, and here {reason}. Run it without "
+                "jit_compile (model.compile(..., jit_compile=False), the default).")
         use_kernel = True
     elif use_kernel is None:
         use_kernel = use_compiled_kernels()
