@@ -53,10 +53,13 @@ $(PEERS_STAMP):
 peers: setup $(PEERS_STAMP)
 	$(PY) benchmarks/peers.py --peers-python $(PEERS_VENV)/bin/python
 
-# The README's figures (long: about half an hour on 2 cores).
+# The README's figures (long: about 40 minutes on 2 cores).
 bench: setup
 	$(PY) benchmarks/sparse_dense_speed.py
 	$(PY) benchmarks/sparse_dense_memory.py
+	$(PY) benchmarks/sparse_conv_speed.py --isa all
+	$(PY) benchmarks/sparse_conv_xla.py --isa all
+	$(PY) benchmarks/sparse_resnet.py
 	$(PY) -m tfsparse.graphchallenge --neurons 1024 --layers 120
 	$(PY) benchmarks/fssl_crossover.py
 	$(PY) benchmarks/fssl_mnist.py

@@ -1,0 +1,106 @@
+"""SparseConv2D compiled by XLA (jit_compile=True) against the same layer without XLA.
+
+    python benchmarks/sparse_conv_xla.py [--isa all|avx512|avx2|portable] [--repeats 10]
+                                         [--sparsity 0.95]
+
+Under XLA each of SparseConv2D's ops is a custom call to the same compiled
+kernel (tfsparse/ops/kernels/sparse_conv_xla.cc), so the two should take
+about the same time; what XLA adds is its own fusion of the ops around them
+(the loss, the update) and its call overhead. Issue 15's layer (3x3, 64 -> 64
+channels, 32 x 32, "same", batch 32, float32): inference and a training step
+(forward, input and weight gradients, SGD update), each as a ``tf.function``
+with and without ``jit_compile``, interleaved in one process (medians), with
+Conv2D (the same masked kernel) both ways beside them: without XLA it runs
+oneDNN's convolution, under XLA XLA's own. Prints the CPU, the kernel
+variant, the times and the ratios.
+"""
+
+import argparse
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from tfsparse._keras import keras  # noqa: E402
+from tfsparse.layers import SparseConv2D  # noqa: E402
+from tfsparse.ops import kernels  # noqa: E402
+from timing import add_isa_argument, describe_machine, interleaved_medians, isas_to_run  # noqa: E402
+
+
+def inference(layer, x, jit):
+    predict = tf.function(lambda: layer(x), jit_compile=jit)
+    predict()
+    return lambda: predict().numpy()
+
+
+def training_step(layer, x, target, jit):
+    """One SGD step; the input gradient is returned so that it is computed."""
+    optimizer = keras.optimizers.SGD(1e-3)
+
+    @tf.function(jit_compile=jit)
+    def step():
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            loss = tf.reduce_mean(tf.square(layer(x) - target))
+        input_gradient, *grads = tape.gradient(loss, [x, *layer.trainable_weights])
+        optimizer.apply_gradients(zip(grads, layer.trainable_weights))
+        return loss, input_gradient
+
+    step()
+    return lambda: step()[0].numpy()
+
+
+def run_variant(args, rng):
+    shape = (3, 3, args.channels, args.channels)
+    kernel = rng.standard_normal(shape).astype(np.float32) * 0.05
+    kernel *= rng.random(shape) >= args.sparsity
+    x = tf.constant(rng.standard_normal((args.batch, args.size, args.size, args.channels)),
+                    tf.float32)
+    layers = {"SparseConv2D": SparseConv2D(args.channels, 3, pattern=kernel, padding="same"),
+              "Conv2D": keras.layers.Conv2D(
+                  args.channels, 3, padding="same",
+                  kernel_initializer=keras.initializers.Constant(kernel))}
+    target = tf.zeros_like(layers["Conv2D"](x))
+    for title, make in (("inference", lambda l, jit: inference(l, x, jit)),
+                        ("training step", lambda l, jit: training_step(l, x, target, jit))):
+        fns = {(name, jit): make(layer, jit) for name, layer in layers.items()
+               for jit in (False, True)}
+        times = interleaved_medians(fns, repeats=args.repeats)
+        for name in layers:
+            plain, xla = times[name, False], times[name, True]
+            print(f"  {title:<14} {name:<12} without XLA {plain * 1e3:7.2f} ms  "
+                  f"XLA {xla * 1e3:7.2f} ms  without / XLA {plain / xla:5.2f}x")
+        print(f"  {title:<14} Conv2D under XLA / SparseConv2D under XLA: "
+              f"{times['Conv2D', True] / times['SparseConv2D', True]:5.2f}x")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_isa_argument(parser)
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--sparsity", type=float, default=0.95)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--size", type=int, default=32)
+    parser.add_argument("--channels", type=int, default=64)
+    args = parser.parse_args()
+    # Each variant traces its own functions of the same layers: not the
+    # retracing in a loop that TensorFlow's warning is about.
+    tf.get_logger().setLevel("ERROR")
+    variants = isas_to_run(args.isa)
+    if variants == [None]:
+        raise SystemExit("the compiled kernels are not available (XLA needs them): build them "
+                         "with `python -m tfsparse.ops.build`")
+    print(f"{describe_machine(variants)}; {os.cpu_count()} CPUs; 3x3, batch {args.batch}, "
+          f"{args.size}x{args.size}, {args.channels}->{args.channels} channels, 'same', "
+          f"{args.sparsity:.0%} sparse, float32; medians of {args.repeats} interleaved runs",
+          flush=True)
+    for variant in variants:
+        print(f"\nkernel variant: {variant}")
+        with kernels.use_isa(variant):
+            run_variant(args, np.random.default_rng(0))
+
+
+if __name__ == "__main__":
+    main()
