@@ -71,8 +71,8 @@ class TensorFlowOpsSparseConv2D(SparseConv2D):
                              use_kernel=False, bias=self.bias)
 
 
-def infer_fn(layer, x):
-    predict = tf.function(lambda: layer(x))
+def infer_fn(layer, x, jit_compile=False):
+    predict = tf.function(lambda: layer(x), jit_compile=jit_compile)
     return lambda: np.asarray(predict())
 
 

@@ -26,30 +26,9 @@ import tensorflow as tf  # noqa: E402
 from tfsparse._keras import keras  # noqa: E402
 from tfsparse.layers import SparseConv2D  # noqa: E402
 from tfsparse.ops import kernels  # noqa: E402
+from sparse_conv_speed import infer_fn  # noqa: E402
+from sparse_dense_speed import train_step_fn  # noqa: E402
 from timing import add_isa_argument, describe_machine, interleaved_medians, isas_to_run  # noqa: E402
-
-
-def inference(layer, x, jit):
-    predict = tf.function(lambda: layer(x), jit_compile=jit)
-    predict()
-    return lambda: predict().numpy()
-
-
-def training_step(layer, x, target, jit):
-    """One SGD step; the input gradient is returned so that it is computed."""
-    optimizer = keras.optimizers.SGD(1e-3)
-
-    @tf.function(jit_compile=jit)
-    def step():
-        with tf.GradientTape() as tape:
-            tape.watch(x)
-            loss = tf.reduce_mean(tf.square(layer(x) - target))
-        input_gradient, *grads = tape.gradient(loss, [x, *layer.trainable_weights])
-        optimizer.apply_gradients(zip(grads, layer.trainable_weights))
-        return loss, input_gradient
-
-    step()
-    return lambda: step()[0].numpy()
 
 
 def run_variant(args, rng):
@@ -63,8 +42,9 @@ def run_variant(args, rng):
                   args.channels, 3, padding="same",
                   kernel_initializer=keras.initializers.Constant(kernel))}
     target = tf.zeros_like(layers["Conv2D"](x))
-    for title, make in (("inference", lambda l, jit: inference(l, x, jit)),
-                        ("training step", lambda l, jit: training_step(l, x, target, jit))):
+    for title, make in (("inference", lambda l, jit: infer_fn(l, x, jit)),
+                        ("training step", lambda l, jit: train_step_fn(l, x, target,
+                                                                      jit_compile=jit))):
         fns = {(name, jit): make(layer, jit) for name, layer in layers.items()
                for jit in (False, True)}
         times = interleaved_medians(fns, repeats=args.repeats)

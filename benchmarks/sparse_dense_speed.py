@@ -84,7 +84,7 @@ class TensorFlowOpsSparseDense(SparseDense):
         return tf.nn.bias_add(outputs, self.bias)
 
 
-def train_step_fn(layer, x, target, variant=None):
+def train_step_fn(layer, x, target, variant=None, jit_compile=False):
     """One SGD step of ``layer`` as a zero-argument callable, traced under ``variant``.
 
     The step of a layer inside a network: the forward pass, the gradients of
@@ -95,7 +95,7 @@ def train_step_fn(layer, x, target, variant=None):
     """
     optimizer = keras.optimizers.SGD(1e-3)
 
-    @tf.function
+    @tf.function(jit_compile=jit_compile)
     def step():
         with tf.GradientTape() as tape:
             tape.watch(x)

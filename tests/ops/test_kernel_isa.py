@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from tfsparse.ops import build
 from tfsparse.ops import kernels
 
 requires_library = pytest.mark.skipif(
@@ -145,13 +146,11 @@ def test_sources_compile_for_aarch64_with_the_portable_variant_only(tmp_path):
     # Off x86-64 only the portable variant exists (variants.inc); the sources
     # must compile there. TensorFlow's headers are the same on every
     # architecture; linking needs an aarch64 TensorFlow, which is not here.
-    import tensorflow as tf
-
     kernel_dir = kernels.LIBRARY_PATH.parent
     for source in sorted(kernel_dir.glob("*.cc")):
         subprocess.run(
             ["aarch64-linux-gnu-g++", "-c", "-O1", "-fPIC", "-fopenmp-simd", "-Wno-deprecated-declarations",
-             str(source), "-o", str(tmp_path / (source.stem + ".o"))] + tf.sysconfig.get_compile_flags(),
+             str(source), "-o", str(tmp_path / (source.stem + ".o"))] + build.compile_flags(),
             check=True, capture_output=True, timeout=600)
     symbols = subprocess.run(["nm", "-C", str(tmp_path / "spmm.o")], capture_output=True, text=True).stdout
     assert "tfsparse::isa_portable::" in symbols and "tfsparse::isa_avx2::" not in symbols

@@ -57,19 +57,32 @@ def compile_command(output=LIBRARY_PATH, compiler="g++"):
     import tensorflow as tf
 
     sources = sorted(str(path) for path in KERNEL_DIR.glob("*.cc"))
-    include = pathlib.Path(tf.sysconfig.get_include())
     return (
         [compiler] + FLAGS
         + sources
         + ["-o", str(output)]
-        + tf.sysconfig.get_compile_flags()
-        # XLA's headers (sparse_conv_xla.cc) include these two of the wheel's
-        # bundled libraries by their own paths.
-        + [f"-I{include / 'external' / name}" for name in XLA_HEADER_DIRS]
+        + compile_flags()
         + tf.sysconfig.get_link_flags()
         # XLA's op registry and custom-call builder (sparse_conv_xla.cc).
         + ["-l:libtensorflow_cc.so.2"]
     )
+
+
+def compile_flags():
+    """The include paths and defines the sources compile with (any architecture).
+
+    ``tf.sysconfig``'s, and two of the TensorFlow wheel's bundled libraries
+    that XLA's headers (``sparse_conv_xla.cc``) include by their own paths.
+
+    Example:
+      >>> any(flag.endswith("highwayhash") for flag in compile_flags())
+      True
+    """
+    import tensorflow as tf
+
+    include = pathlib.Path(tf.sysconfig.get_include())
+    return (tf.sysconfig.get_compile_flags()
+            + [f"-I{include / 'external' / name}" for name in XLA_HEADER_DIRS])
 
 
 def build(output=LIBRARY_PATH, compiler="g++", verbose=True):
