@@ -182,6 +182,14 @@ def print_crossover_densities(found_by_variant):
             print(f"  {geometry}: {1 - max(lowest):.2f}")
 
 
+def add_layer_arguments(parser):
+    """``--repeats``, and the layer's ``--batch``, ``--size`` and ``--channels``."""
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--size", type=int, default=32)
+    parser.add_argument("--channels", type=int, default=64)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_isa_argument(parser)
@@ -189,10 +197,7 @@ def main():
                         help="Conv2D's oneDNN instruction set: capped at what a CPU of each "
                              "kernel variant has (each variant in its own process), or this "
                              "CPU's own for every variant")
-    parser.add_argument("--repeats", type=int, default=10)
-    parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--size", type=int, default=32)
-    parser.add_argument("--channels", type=int, default=64)
+    add_layer_arguments(parser)
     parser.add_argument("--found-json", help=argparse.SUPPRESS)  # a child's crossovers
     args = parser.parse_args()
     variants = isas_to_run(args.isa)

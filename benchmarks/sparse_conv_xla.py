@@ -23,24 +23,19 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from tfsparse._keras import keras  # noqa: E402
-from tfsparse.layers import SparseConv2D  # noqa: E402
 from tfsparse.ops import kernels  # noqa: E402
-from sparse_conv_speed import infer_fn  # noqa: E402
+from sparse_conv_speed import TF_OPS, add_layer_arguments, infer_fn, layers_for  # noqa: E402
 from sparse_dense_speed import train_step_fn  # noqa: E402
 from timing import add_isa_argument, describe_machine, interleaved_medians, isas_to_run  # noqa: E402
 
 
 def run_variant(args, rng):
-    shape = (3, 3, args.channels, args.channels)
-    kernel = rng.standard_normal(shape).astype(np.float32) * 0.05
-    kernel *= rng.random(shape) >= args.sparsity
+    # The benchmark's layers, without its TensorFlow-ops SparseConv2D (which
+    # XLA cannot compile).
+    layers = {name: layer for name, layer in layers_for(3, 1, args.sparsity, args.channels,
+                                                         rng).items() if name != TF_OPS}
     x = tf.constant(rng.standard_normal((args.batch, args.size, args.size, args.channels)),
                     tf.float32)
-    layers = {"SparseConv2D": SparseConv2D(args.channels, 3, pattern=kernel, padding="same"),
-              "Conv2D": keras.layers.Conv2D(
-                  args.channels, 3, padding="same",
-                  kernel_initializer=keras.initializers.Constant(kernel))}
     target = tf.zeros_like(layers["Conv2D"](x))
     for title, make in (("inference", lambda l, jit: infer_fn(l, x, jit)),
                         ("training step", lambda l, jit: train_step_fn(l, x, target,
@@ -59,11 +54,8 @@ def run_variant(args, rng):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_isa_argument(parser)
-    parser.add_argument("--repeats", type=int, default=10)
+    add_layer_arguments(parser)
     parser.add_argument("--sparsity", type=float, default=0.95)
-    parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--size", type=int, default=32)
-    parser.add_argument("--channels", type=int, default=64)
     args = parser.parse_args()
     # Each variant traces its own functions of the same layers: not the
     # retracing in a loop that TensorFlow's warning is about.
