@@ -190,6 +190,23 @@ def add_layer_arguments(parser):
     parser.add_argument("--channels", type=int, default=64)
 
 
+def compiled_variants_and_header(args, case):
+    """The variants ``--isa`` asks for, after printing the run's header line.
+
+    Exits when the compiled kernels are missing (both conv benchmarks time
+    them). ``case``: the settings beyond the layer arguments, for the header
+    (e.g. ``"3x3, "``).
+    """
+    variants = isas_to_run(args.isa)
+    if variants == [None]:
+        raise SystemExit("the compiled kernels are not available: build them with "
+                         "`python -m tfsparse.ops.build`")
+    print(f"{describe_machine(variants)}; {os.cpu_count()} CPUs; {case}batch {args.batch}, "
+          f"{args.size}x{args.size}, {args.channels}->{args.channels} channels, 'same', "
+          f"float32; medians of {args.repeats} interleaved runs", flush=True)
+    return variants
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_isa_argument(parser)
@@ -200,13 +217,7 @@ def main():
     add_layer_arguments(parser)
     parser.add_argument("--found-json", help=argparse.SUPPRESS)  # a child's crossovers
     args = parser.parse_args()
-    variants = isas_to_run(args.isa)
-    if variants == [None]:
-        raise SystemExit("the compiled kernels are not available: build them with "
-                         "`python -m tfsparse.ops.build`")
-    print(f"{describe_machine(variants)}; {os.cpu_count()} CPUs; batch {args.batch}, "
-          f"{args.size}x{args.size}, {args.channels}->{args.channels} channels, 'same', "
-          f"float32; medians of {args.repeats} interleaved runs", flush=True)
+    variants = compiled_variants_and_header(args, "")
     found_by_variant = {}
     for variant in variants:
         matched = MATCHED_ONEDNN_ISA[variant]

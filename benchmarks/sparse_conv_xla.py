@@ -24,9 +24,10 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from tfsparse.ops import kernels  # noqa: E402
-from sparse_conv_speed import TF_OPS, add_layer_arguments, infer_fn, layers_for  # noqa: E402
+from sparse_conv_speed import (TF_OPS, add_layer_arguments,  # noqa: E402
+                               compiled_variants_and_header, infer_fn, layers_for)
 from sparse_dense_speed import train_step_fn  # noqa: E402
-from timing import add_isa_argument, describe_machine, interleaved_medians, isas_to_run  # noqa: E402
+from timing import add_isa_argument, interleaved_medians  # noqa: E402
 
 
 def run_variant(args, rng):
@@ -60,14 +61,7 @@ def main():
     # Each variant traces its own functions of the same layers: not the
     # retracing in a loop that TensorFlow's warning is about.
     tf.get_logger().setLevel("ERROR")
-    variants = isas_to_run(args.isa)
-    if variants == [None]:
-        raise SystemExit("the compiled kernels are not available (XLA needs them): build them "
-                         "with `python -m tfsparse.ops.build`")
-    print(f"{describe_machine(variants)}; {os.cpu_count()} CPUs; 3x3, batch {args.batch}, "
-          f"{args.size}x{args.size}, {args.channels}->{args.channels} channels, 'same', "
-          f"{args.sparsity:.0%} sparse, float32; medians of {args.repeats} interleaved runs",
-          flush=True)
+    variants = compiled_variants_and_header(args, f"3x3, {args.sparsity:.0%} sparse, ")
     for variant in variants:
         print(f"\nkernel variant: {variant}")
         with kernels.use_isa(variant):
