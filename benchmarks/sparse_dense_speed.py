@@ -235,10 +235,11 @@ def kernel_rooflines(bounds_of, variant_of, pattern, values, batch, repeats):
 
     The forward SpMM with its bias, the input gradient ``dy @ W^T`` (the SpMM
     on W's nonzeros in row-major order, given permuted: the layer's gradient
-    passes W's order to the op, which permutes the nonzeros in one pass before
-    the SpMM; that pass is not SpMM work and is not timed here), and the
-    SDDMM of the values gradient, on the layer's pattern and random ``x`` and
-    ``dy``.
+    passes W's order to the op, which permutes the nonzeros before the SpMM;
+    that pass is not SpMM work and is not in the fraction), and the SDDMM of
+    the values gradient, on the layer's pattern and random ``x`` and ``dy``.
+    The input gradient as the layer runs it, with the permutation, is timed
+    and printed too.
 
     Args:
       bounds_of: ``kernel_bounds``'s result; variant_of: dict name -> variant.
@@ -255,6 +256,7 @@ def kernel_rooflines(bounds_of, variant_of, pattern, values, batch, repeats):
     # W^T's nonzeros sorted by its output index (W's row): W's row-major order.
     gradient_inputs = (dy, values[order], pattern.cols[order], pattern.rows[order])
     sddmm_inputs = (tf.transpose(x), tf.transpose(dy), pattern.rows, pattern.cols)
+    in_order_inputs = (dy, values, pattern.rows, pattern.cols, order.astype(np.int32))
     ops = {}
     for name in bounds_of:
         variant = variant_of[name]
@@ -263,10 +265,18 @@ def kernel_rooflines(bounds_of, variant_of, pattern, values, batch, repeats):
         ops[name, "input gradient"] = (
             lambda dy, v, r, c: kernels.spmm(dy, v, r, c, n_in), gradient_inputs, variant)
         ops[name, "SDDMM"] = (kernels.sddmm, sddmm_inputs, variant)
+        ops[name, "input gradient in order"] = (
+            lambda dy, v, r, c, o: kernels.spmm(dy, v, c, r, n_in, order=o),
+            in_order_inputs, variant)
     seconds = kernel_time.per_op_seconds(
         {f"{name} {kernel}": op for (name, kernel), op in ops.items()}, repeats)
     print("each kernel alone (benchmarks/kernel_time.py: run 11 times in one graph call, "
           "less once; without TensorFlow's per-call cost), fraction = bound / its time")
+    for name in bounds_of:
+        in_order = seconds[f"{name} input gradient in order"]
+        print(f"  {name} input gradient as the layer runs it (nonzeros permuted in the op): "
+              f"{in_order * 1e3:.3f} ms, of which the permutation "
+              f"{(in_order - seconds[f'{name} input gradient']) * 1e3:.3f} ms")
     found = {}
     for name, by_kernel in bounds_of.items():
         found[name] = {}

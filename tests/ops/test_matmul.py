@@ -293,3 +293,81 @@ def test_compiled_kernel_rejects_a_malformed_order(variant):
     # An order that does not sort seg.
     with pytest.raises(tf.errors.InvalidArgumentError, match="taken in `order`.*sorted"):
         kernels.spmm(x, values, idx, seg, 2, order=np.array([2, 0, 1], np.int32))
+
+
+def _input_gradient_reference(dy, values, rows, cols, input_dim):
+    """dy @ W^T in float64, W (input_dim x dy's width) with values at (rows, cols)."""
+    kernel = np.zeros((input_dim, dy.shape[1]))
+    np.add.at(kernel, (rows, cols), values)
+    return dy @ kernel.T
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_kept_permuted_pattern_follows_every_change_of_the_pattern(variant):
+    # The op keeps W's pattern taken in `order` while (order, idx, seg) stay
+    # the same (ordered_pattern.h). One tf.function, so one kernel, reads the
+    # pattern from variables: new values, a moved pattern (as RigL writes
+    # it) and one index changed past the first entries the op compares
+    # cheaply must each show in the result; a malformed order after a good
+    # one is rejected, not served from the kept pattern.
+    input_dim, units = 300, 200
+    first = SparsityPattern.random((input_dim, units), 0.05, seed=21)
+    moved = SparsityPattern.random((input_dim, units), 0.05, seed=22)
+    assert first.nnz == moved.nnz > 64
+    rng = np.random.default_rng(23)
+    dy = rng.standard_normal((9, units)).astype(np.float32)
+    v = rng.standard_normal(first.nnz).astype(np.float32)
+    rows, cols = tf.Variable(first.rows), tf.Variable(first.cols)
+    order, values = tf.Variable(first.row_major_order), tf.Variable(v)
+
+    @tf.function
+    def input_gradient(dy):
+        return kernels.spmm(dy, values, cols, rows, input_dim, order=order)
+
+    def check():
+        expected = _input_gradient_reference(dy, values.numpy(), rows.numpy(), cols.numpy(),
+                                             input_dim)
+        # float32 sums of at most ~30 products of O(1) terms.
+        np.testing.assert_allclose(input_gradient(dy).numpy(), expected, rtol=1e-4, atol=1e-4)
+
+    check()
+    check()  # the kept pattern
+    values.assign(2 * v - 1)
+    check()
+    rows.assign(moved.rows)
+    cols.assign(moved.cols)
+    order.assign(moved.row_major_order)
+    check()
+    for k in (moved.nnz - 1, 0):  # one nonzero moved to another output column
+        changed = cols.numpy()
+        changed[k] = (changed[k] + 1) % units
+        cols.assign(changed)
+        check()
+    bad = order.numpy()
+    bad[-1] = moved.nnz
+    order.assign(bad)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=rf"order\[{moved.nnz - 1}\]="):
+        input_gradient(dy)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_kept_permuted_patterns_of_eager_calls(variant):
+    # Eager calls share one kernel among the calls with equal attributes:
+    # three patterns taken in turns are each multiplied correctly, and the
+    # kept pattern's indices are checked again against a narrower dy.
+    input_dim, units = 120, 90
+    rng = np.random.default_rng(31)
+    dy = rng.standard_normal((5, units)).astype(np.float32)
+    patterns = [SparsityPattern.random((input_dim, units), 0.1, seed=s) for s in (1, 2, 3)]
+    values = [rng.standard_normal(p.nnz).astype(np.float32) for p in patterns]
+    for _ in range(2):
+        for pattern, v in zip(patterns, values):
+            got = kernels.spmm(dy, v, pattern.cols, pattern.rows, input_dim,
+                               order=pattern.row_major_order)
+            expected = _input_gradient_reference(dy, v, pattern.rows, pattern.cols, input_dim)
+            np.testing.assert_allclose(got.numpy(), expected, rtol=1e-4, atol=1e-4)
+    pattern = patterns[0]
+    narrow = dy[:, : int(pattern.cols.max())]  # misses the largest column index
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"idx \(taken in `order`\)"):
+        kernels.spmm(narrow, values[0], pattern.cols, pattern.rows, input_dim,
+                     order=pattern.row_major_order)
