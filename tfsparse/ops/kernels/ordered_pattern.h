@@ -7,10 +7,11 @@
 // batch 8 here), yet they change only when the pattern does. So each op
 // keeps the permuted pattern of the last few patterns it saw, with copies of
 // the (order, idx, seg) it was made from: a call whose inputs equal a kept
-// entry's, compared in full, reuses it. A sequential comparison reads about
-// a third of what the gather does, and the comparison, not an assumption,
-// decides: a pattern that changed in place (RigL, a restored checkpoint) is
-// permuted and validated again.
+// entry's, compared in full, reuses it: the sequential comparison and the
+// values' gather took 0.16-0.24 ms of the op at batch 8 here, against the
+// 0.37 ms above. The comparison, not an assumption, decides: a pattern that
+// changed in place (RigL, a restored checkpoint) is permuted and validated
+// again.
 #ifndef TFSPARSE_OPS_KERNELS_ORDERED_PATTERN_H_
 #define TFSPARSE_OPS_KERNELS_ORDERED_PATTERN_H_
 
