@@ -192,7 +192,9 @@ def spmm(x, values, idx, seg, units, bias=None, order=None):
     ``seg`` (int32) must be sorted, with entries in ``[0, units)``;
     ``bias=None`` adds nothing. ``order`` (int32 ``[nnz]``, optional): use
     the nonzeros in that order, ``values[order]``, ``idx[order]`` and
-    ``seg[order]`` (which must then be sorted), permuted inside the op.
+    ``seg[order]`` (which must then be sorted), permuted inside the op; the
+    permuted, validated pattern is kept between calls while ``order``,
+    ``idx`` and ``seg`` stay equal (compared in full on every call).
     """
     x = tf.convert_to_tensor(x)
     if bias is None:

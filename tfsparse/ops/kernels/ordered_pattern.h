@@ -45,45 +45,70 @@ struct OrderedPattern {
   }
 };
 
-// The last kCapacity patterns an op permuted, most recent first. Several
-// are kept because eagerly run ops share one kernel among the layers whose
-// attributes match (units, dtype, isa). Safe to use from concurrent calls.
+// The patterns an op permuted lately, newest first: at most kCapacity, each
+// dropped once kStaleCalls calls in a row have not used it (so a pattern
+// that RigL moved is not kept for long). Several are kept because eagerly
+// run ops share one kernel among the layers whose attributes match (units,
+// dtype, isa), which then take turns. Safe to use from concurrent calls.
 class OrderedPatternCache {
  public:
   static constexpr size_t kCapacity = 4;
+  static constexpr uint64_t kStaleCalls = 2 * kCapacity;
   static constexpr int64_t kPrefix = 64;
 
-  // The most recent kept entry of nnz nonzeros whose first entries (up to
+  // The newest kept entry of nnz nonzeros whose first entries (up to
   // kPrefix of each input) match, or null: the candidate the caller then
-  // compares in full (OrderedPattern::MadeFrom), in parallel.
+  // compares in full (OrderedPattern::MadeFrom), in parallel, and reports
+  // with Used if it matches.
   std::shared_ptr<const OrderedPattern> Candidate(const int32_t* order,
                                                   const int32_t* idx,
                                                   const int32_t* seg,
                                                   int64_t nnz) {
-    std::vector<std::shared_ptr<const OrderedPattern>> entries;
+    std::vector<Kept> entries;
     {
       std::lock_guard<std::mutex> lock(mu_);
+      ++calls_;
+      entries_.erase(std::remove_if(entries_.begin(), entries_.end(),
+                                    [&](const Kept& kept) {
+                                      return calls_ - kept.last_used >
+                                             kStaleCalls;
+                                    }),
+                     entries_.end());
       entries = entries_;
     }
     // Compared outside the lock: entries are never modified once kept.
-    for (const auto& entry : entries) {
-      if (static_cast<int64_t>(entry->order.size()) == nnz &&
-          entry->MadeFrom(order, idx, seg, 0, std::min(nnz, kPrefix))) {
-        return entry;
+    for (const Kept& kept : entries) {
+      if (static_cast<int64_t>(kept.pattern->order.size()) == nnz &&
+          kept.pattern->MadeFrom(order, idx, seg, 0, std::min(nnz, kPrefix))) {
+        return kept.pattern;
       }
     }
     return nullptr;
   }
 
-  void Keep(std::shared_ptr<const OrderedPattern> entry) {
+  // Records that `pattern` (a Candidate) served this call.
+  void Used(const OrderedPattern* pattern) {
     std::lock_guard<std::mutex> lock(mu_);
-    entries_.insert(entries_.begin(), std::move(entry));
+    for (Kept& kept : entries_) {
+      if (kept.pattern.get() == pattern) kept.last_used = calls_;
+    }
+  }
+
+  void Keep(std::shared_ptr<const OrderedPattern> pattern) {
+    std::lock_guard<std::mutex> lock(mu_);
+    entries_.insert(entries_.begin(), Kept{std::move(pattern), calls_});
     if (entries_.size() > kCapacity) entries_.resize(kCapacity);
   }
 
  private:
+  struct Kept {
+    std::shared_ptr<const OrderedPattern> pattern;
+    uint64_t last_used;  // the value of calls_ then
+  };
+
   std::mutex mu_;
-  std::vector<std::shared_ptr<const OrderedPattern>> entries_;
+  std::vector<Kept> entries_;
+  uint64_t calls_ = 0;  // Candidate's calls so far
 };
 
 }  // namespace tfsparse

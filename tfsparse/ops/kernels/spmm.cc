@@ -194,7 +194,9 @@ class SpmmOp : public OpKernel {
                 gather_values(begin, end);
               });
       }
-      if (!matches) {
+      if (matches) {
+        ordered_patterns_.Used(ordered.get());
+      } else {
         OP_REQUIRES_OK(ctx, CheckIndices(isa_, "order", order, nnz, nnz));
         auto made = std::make_shared<tfsparse::OrderedPattern>();
         OP_REQUIRES_OK(ctx, Permute(ctx, order, idx, seg, nnz, units, made.get()));
