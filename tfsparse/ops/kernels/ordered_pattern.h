@@ -5,7 +5,7 @@
 // idx[order[k]] and the segment pointers of seg[order[k]]. Those random
 // reads cost more than the product at small batches (0.37 of 0.57 ms at
 // batch 8 here), yet they change only when the pattern does. So each op
-// keeps the permuted pattern of the last few patterns it saw, with copies of
+// keeps the permuted pattern of the patterns it used lately, with copies of
 // the (order, idx, seg) it was made from: a call whose inputs equal a kept
 // entry's, compared in full, reuses it: the sequential comparison and the
 // values' gather took 0.16-0.24 ms of the op at batch 8 here, against the
@@ -25,9 +25,9 @@
 
 namespace tfsparse {
 
-// A pattern in `order`, validated: `order` is a permutation of [0, nnz) (its
-// entries are in range; the op checks that), seg[order[k]] is sorted and in
-// [0, units), and every idx[order[k]] is at most `max_idx`.
+// A pattern in `order`, validated: the entries of `order` are in [0, nnz),
+// seg[order[k]] is sorted and in [0, units), and every idx[order[k]] is at
+// most `max_idx`.
 struct OrderedPattern {
   std::vector<int32_t> order, idx, seg;  // the inputs it was made from
   std::vector<int32_t> idx_in_order;     // idx[order[k]]

@@ -102,9 +102,9 @@ absl::Status CheckIndices(Isa isa, const char* name, const int32_t* index,
   return absl::OkStatus();
 }
 
-// Shard's cost of gathering one nonzero's value, idx and seg in `order`:
-// three random reads from arrays in L2 or L3 (131072 nonzeros: 0.28 ms on
-// one core here, 2 ns each), so large layers use every thread.
+// Shard's cost of gathering one nonzero's entries in `order`: random reads
+// from arrays in L2 or L3 (three of them for 131072 nonzeros: 0.28 ms on one
+// core here, 2 ns each).
 constexpr int64_t kGatherCost = 30;
 // Shard's cost of comparing one nonzero's order, idx and seg with a kept
 // pattern's (ordered_pattern.h): sequential reads.
