@@ -126,8 +126,11 @@ def main():
     loss, accuracy = model.evaluate(x_test, y_test, batch_size=500, verbose=0)
     say(f"\n{args.schedule}: test accuracy {accuracy:.2%} after {args.epochs} epochs")
     for stage, parts in model.pipeline.partitions().items() if args.horovod else ():
+        # Flushed now: a rank's buffered output can be cut off when it exits
+        # through horovodrun (CI lost rank 1's line once).
         print(f"rank {rank}: stage {stage} partitioned into "
-              + ", ".join(f"{p.k} parts ({p.volume} words per sample)" for p in parts))
+              + ", ".join(f"{p.k} parts ({p.volume} words per sample)" for p in parts),
+              flush=True)
     if rank != 0:
         model.predict(x_test[:100], verbose=0)  # rank 0's predict needs every stage
         return
