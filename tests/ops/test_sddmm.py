@@ -21,10 +21,12 @@ def _case(dtype, seed=0, n_in=40, n_out=30, batch=17, nnz=200):
 
 @pytest.mark.parametrize("use_kernel", PATHS)
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-# Batches below, at and past the vector widths (8, 16) and the two-vector
-# step (32) of the float kernels, with their tails; 203 nonzeros leave a
-# remainder after groups of four.
-@pytest.mark.parametrize("batch, nnz", [(17, 200), (1, 203), (8, 203), (40, 203), (64, 200)])
+# Batches below, at and past the vector widths (4 for the portable
+# variant's SSE2, 8, 16) and the steps (8, 16, 32) of the float kernels,
+# with their tails; the portable variant takes four nonzeros at a time from
+# batch 16. 203 nonzeros leave a remainder after groups of four.
+@pytest.mark.parametrize("batch, nnz", [(17, 200), (1, 203), (7, 203), (8, 203), (23, 203),
+                                        (40, 203), (64, 200)])
 def test_sddmm_matches_numpy(use_kernel, dtype, batch, nnz):
     x_t, dy_t, rows, cols, expected = _case(dtype, batch=batch, nnz=nnz)
     got = sddmm(x_t, dy_t, rows, cols, use_kernel=use_kernel).numpy()
