@@ -144,7 +144,9 @@ def spmm_panel_rows(variant, batch, dtype_bytes=4):
     """
     if batch <= 3:
         return batch
-    if variant != "portable" and dtype_bytes == 4 and batch >= 16:
+    if dtype_bytes == 4 and batch >= 32 and variant == "avx512":
+        return 32
+    if dtype_bytes == 4 and batch >= 16:
         return 16
     return 8
 
