@@ -406,6 +406,13 @@ def main():
     rng = np.random.default_rng(0)
     values = (rng.standard_normal(pattern.nnz) / np.sqrt(args.per_column)).astype(np.float32)
     matrix = pattern.to_scipy(values)
+    # The machine's rates (roofline.measure keeps them) before TensorFlow
+    # has run anything. Measured after the timings, the first variant's L2
+    # rate came out half the usual in 2 of 6 runs here (its bound 0.86 ms
+    # instead of 0.42-0.45); measured first, in none of 3.
+    for variant in chosen_variants(args.isa):
+        if (variant or kernels.isa()) is not None:
+            roofline.measure(variant or kernels.isa(), os.cpu_count())
     curve = {batch: run_batch(args, batch, matrix, pattern, values) for batch in args.batch}
     if len(curve) > 1:
         print_curve(curve)
