@@ -144,7 +144,7 @@ def spmm_panel_rows(variant, batch, dtype_bytes=4):
     """
     if batch <= 3:
         return batch
-    if dtype_bytes == 4 and batch >= 32 and variant == "avx512":
+    if dtype_bytes == 4 and batch >= 32 and variant != "portable":
         return 32
     if dtype_bytes == 4 and batch >= 16:
         return 16

@@ -72,10 +72,10 @@ def test_forward_and_gradients_match_masked_dense_reference(
 @pytest.mark.parametrize(
     "batch,input_dim,units",
     [
-        (32, 256, 128),  # whole 16-row (32-row on AVX-512) panels, 16-column tiles
+        (32, 256, 128),  # a whole 32-row panel (16-row: portable), 16-column tiles
         (37, 45, 29),  # a partial panel, inputs and columns past the last 16
-        (31, 45, 29),  # the largest batch of 16-row panels on AVX-512
-        (96, 45, 29),  # three whole 32-row panels (AVX-512)
+        (31, 45, 29),  # the largest batch of 16-row panels on AVX2 and AVX-512
+        (96, 45, 29),  # three whole 32-row panels
         (5, 40, 20),  # fewer rows than one 16-row panel (the portable loop)
         (16, 16, 16),
         (48, 13, 21),  # whole panels; inputs fewer than one 16-wide transpose
