@@ -409,7 +409,7 @@ def main():
     # The machine's rates (roofline.measure keeps them) before TensorFlow
     # has run anything. Measured after the timings, the first variant's L2
     # rate came out half the usual in 2 of 6 runs here (its bound 0.86 ms
-    # instead of 0.42-0.45); measured first, in none of 3.
+    # instead of 0.42-0.45); measured first, in none of 6.
     for variant in chosen_variants(args.isa):
         if (variant or kernels.isa()) is not None:
             roofline.measure(variant or kernels.isa(), os.cpu_count())
