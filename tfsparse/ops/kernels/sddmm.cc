@@ -11,6 +11,7 @@
 // one (isa.h).
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <type_traits>
 
 #if defined(__x86_64__) || defined(_M_X64)
@@ -20,7 +21,7 @@
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/shape_inference.h"
-#include "tensorflow/core/util/work_sharder.h"
+#include "blocks.h"
 #include "isa.h"
 
 using namespace tensorflow;  // NOLINT
@@ -46,6 +47,10 @@ REGISTER_OP("TfsparseSddmm")
 namespace {
 
 using tfsparse::Isa;
+
+// Products of up to this cost (about cycles: 2 * batch + 8 per nonzero) run
+// on the calling thread: waking a pool thread would cost more.
+constexpr int64_t kInlineCost = int64_t{1} << 16;
 
 template <typename T>
 void RunSddmm(Isa isa, const T* x, const T* dy, const int32_t* rows,
@@ -109,9 +114,15 @@ class SddmmOp : public OpKernel {
     auto work = [&](int64_t begin, int64_t end) {
       RunSddmm<T>(isa_, x, dy, r, c, begin, end, batch, o);
     };
+    // Blocks of nonzeros taken one at a time by the calling thread and the
+    // pool's (Blocks); a product too small to pay for waking a thread runs
+    // on the calling thread.
     const auto& workers = *ctx->device()->tensorflow_cpu_worker_threads();
-    Shard(workers.num_threads, workers.workers, nnz, /*cost_per_unit=*/
-          2 * batch + 8, work);
+    const int64_t threads =
+        nnz * (2 * batch + 8) <= kInlineCost ? 1 : workers.num_threads;
+    tfsparse::Blocks::RunRanges(*workers.workers, threads, nnz,
+                                tfsparse::Blocks::SizeFor(nnz, threads, 8),
+                                work);
   }
 
  private:

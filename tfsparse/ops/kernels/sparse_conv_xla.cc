@@ -10,12 +10,9 @@
 // jit-compiled SparseConv2D runs on the CPU only (tfsparse/ops/conv.py says
 // so when asked for anything else).
 #include <algorithm>
-#include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -29,6 +26,7 @@
 #include "xla/ffi/api/ffi.h"
 #include "xla/hlo/builder/xla_builder.h"
 #include "xla/shape_util.h"
+#include "blocks.h"
 #include "sparse_conv.h"
 
 namespace tfsparse {
@@ -64,49 +62,14 @@ constexpr char kForwardTarget[] = "tfsparse_sparse_conv_forward";
 constexpr char kBackpropInputTarget[] = "tfsparse_sparse_conv_backprop_input";
 constexpr char kBackpropValuesTarget[] = "tfsparse_sparse_conv_backprop_values";
 
-// Runs fn over blocks of [0, units) on the caller's thread and up to
-// threads - 1 tasks of XLA's pool, returning when every block is done. The
-// caller takes blocks too, so the call finishes even when no task of the
-// pool gets to run (the custom call may itself run on one of its threads);
-// a task that starts after the last block was taken finds none left.
-class Blocks {
- public:
-  Blocks(int64_t units, int64_t block, const std::function<void(int64_t, int64_t)>& fn)
-      : units_(units), block_(block), count_((units + block - 1) / block), fn_(fn) {}
-
-  static void Run(ffi::ThreadPool& pool, int64_t threads, int64_t units, int64_t block,
-                  const std::function<void(int64_t, int64_t)>& fn) {
-    auto blocks = std::make_shared<Blocks>(units, block, fn);
-    const int64_t helpers = std::min(threads, blocks->count_) - 1;
-    for (int64_t i = 0; i < helpers; ++i) pool.Schedule([blocks] { blocks->Take(); });
-    blocks->Take();
-    std::unique_lock<std::mutex> lock(blocks->mutex_);
-    blocks->all_done_.wait(lock, [&] { return blocks->done_.load() == blocks->count_; });
-  }
-
- private:
-  void Take() {
-    for (int64_t i; (i = next_.fetch_add(1)) < count_;) {
-      fn_(i * block_, std::min(units_, (i + 1) * block_));
-      if (done_.fetch_add(1) + 1 == count_) {
-        std::lock_guard<std::mutex> lock(mutex_);
-        all_done_.notify_all();
-      }
-    }
-  }
-
-  const int64_t units_, block_, count_;
-  const std::function<void(int64_t, int64_t)> fn_;
-  std::atomic<int64_t> next_{0}, done_{0};
-  std::mutex mutex_;
-  std::condition_variable all_done_;
-};
-
 ConvWorkers WorkersOf(ffi::ThreadPool& pool) {
   const int64_t threads = std::max<int64_t>(1, pool.num_threads());
+  // The caller takes blocks too (Blocks), so the call finishes even when no
+  // task of the pool gets to run (the custom call may itself run on one of
+  // its threads).
   return ConvWorkers{threads, [&pool, threads](int64_t units, int64_t block,
                                                const std::function<void(int64_t, int64_t)>& fn) {
-                       Blocks::Run(pool, threads, units, block, fn);
+                       Blocks::RunRanges(pool, threads, units, block, fn);
                      }};
 }
 

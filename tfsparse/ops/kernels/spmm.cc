@@ -23,6 +23,7 @@
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
+#include <functional>
 #include <memory>
 #include <type_traits>
 #include <vector>
@@ -34,7 +35,7 @@
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/shape_inference.h"
-#include "tensorflow/core/util/work_sharder.h"
+#include "blocks.h"
 #include "isa.h"
 #include "ordered_pattern.h"
 
@@ -102,14 +103,6 @@ absl::Status CheckIndices(Isa isa, const char* name, const int32_t* index,
   return absl::OkStatus();
 }
 
-// Shard's cost of gathering one nonzero's entries in `order`: random reads
-// from arrays in L2 or L3 (three of them for 131072 nonzeros: 0.28 ms on one
-// core here, 2 ns each).
-constexpr int64_t kGatherCost = 30;
-// Shard's cost of comparing one nonzero's order, idx and seg with a kept
-// pattern's (ordered_pattern.h): sequential reads.
-constexpr int64_t kCompareCost = 6;
-
 // Up to this many nonzeros the passes over `order` run on the calling
 // thread. Measured here (2 cores, the input gradient of a layer with 32
 // nonzeros per column, batch 8 and 256): with 131072 nonzeros the comparison
@@ -117,10 +110,15 @@ constexpr int64_t kCompareCost = 6;
 // pool; with 1048576 nonzeros 3.2-3.5 ms on one thread and 2.0-2.1 ms split.
 constexpr int64_t kInlineOrderedNonzeros = int64_t{1} << 18;
 
-// The threads a pass over `order` of nnz nonzeros is split over.
-int OrderedPassThreads(const DeviceBase::CpuWorkerThreads& workers,
-                       int64_t nnz) {
-  return nnz <= kInlineOrderedNonzeros ? 1 : workers.num_threads;
+// Runs pass(begin, end) over [0, nnz), a pass over `order`: on the calling
+// thread up to kInlineOrderedNonzeros, else split over it and the pool's
+// threads (Blocks).
+void OrderedPass(const DeviceBase::CpuWorkerThreads& workers, int64_t nnz,
+                 const std::function<void(int64_t, int64_t)>& pass) {
+  const int64_t threads =
+      nnz <= kInlineOrderedNonzeros ? 1 : workers.num_threads;
+  tfsparse::Blocks::RunRanges(*workers.workers, threads, nnz,
+                              tfsparse::Blocks::SizeFor(nnz, threads, 4), pass);
 }
 
 template <typename T>
@@ -185,14 +183,13 @@ class SpmmOp : public OpKernel {
       ordered = ordered_patterns_.Candidate(order, idx, seg, nnz);
       std::atomic<bool> matches{ordered != nullptr};
       if (ordered != nullptr) {
-        Shard(OrderedPassThreads(workers, nnz), workers.workers, nnz,
-              kGatherCost + kCompareCost, [&](int64_t begin, int64_t end) {
-                if (!ordered->MadeFrom(order, idx, seg, begin, end)) {
-                  matches = false;
-                  return;
-                }
-                gather_values(begin, end);
-              });
+        OrderedPass(workers, nnz, [&](int64_t begin, int64_t end) {
+          if (!ordered->MadeFrom(order, idx, seg, begin, end)) {
+            matches = false;
+            return;
+          }
+          gather_values(begin, end);
+        });
       }
       if (matches) {
         ordered_patterns_.Used(ordered.get());
@@ -202,8 +199,7 @@ class SpmmOp : public OpKernel {
         OP_REQUIRES_OK(ctx, Permute(ctx, order, idx, seg, nnz, units, made.get()));
         ordered = std::move(made);
         ordered_patterns_.Keep(ordered);
-        Shard(OrderedPassThreads(workers, nnz), workers.workers, nnz,
-              kGatherCost, gather_values);
+        OrderedPass(workers, nnz, gather_values);
       }
       if (int64_t{ordered->max_idx} >= n_in) {  // only x's width can differ
         OP_REQUIRES_OK(ctx, CheckIndices(isa_, "idx (taken in `order`)",
@@ -248,13 +244,12 @@ class SpmmOp : public OpKernel {
     // Random reads (the order is a permutation); each thread gathers a
     // range of k.
     const auto& workers = *ctx->device()->tensorflow_cpu_worker_threads();
-    Shard(OrderedPassThreads(workers, nnz), workers.workers, nnz, kGatherCost,
-          [&](int64_t begin, int64_t end) {
-            for (int64_t k = begin; k < end; ++k) {
-              idx_out[k] = idx[order[k]];
-              seg_out[k] = seg[order[k]];
-            }
-          });
+    OrderedPass(workers, nnz, [&](int64_t begin, int64_t end) {
+      for (int64_t k = begin; k < end; ++k) {
+        idx_out[k] = idx[order[k]];
+        seg_out[k] = seg[order[k]];
+      }
+    });
     made->ptr.resize(units + 1);
     if (!RunSegmentPointers(isa_, seg_out, nnz, units, made->ptr.data())) {
       return errors::InvalidArgument(
