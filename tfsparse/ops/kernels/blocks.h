@@ -11,11 +11,11 @@
 // the caller's. The caller returns when every block is done.
 //
 // The SpMM and SDDMM ops and XLA's sparse convolution run on it. Against
-// Shard here (2 cores, same-process A/B, the ops alone in a loop): SpMM at
-// batch 32 0.85-0.96x the time, at 256 0.83-1.10x over several runs (within
-// the noise); a SparseDense training step at batch 32 0.94x, at 256
-// 0.94-1.07x. TensorFlow's sparse convolution op keeps ParallelFor: its
-// layer took 1.02-1.05x the time on this.
+// Shard here (2 cores, same-process A/B, the ops alone in a loop, fastest
+// of 60): the SpMMs at batch 32 0.90-0.96x the time, the SDDMM 0.82-0.89x;
+// at batch 256 the same (0.96-1.10x); a SparseDense training step at batch
+// 32 0.94x, at 256 0.94-1.07x. TensorFlow's sparse convolution op keeps
+// ParallelFor: its layer took 1.02-1.05x the time on this.
 #ifndef TFSPARSE_OPS_KERNELS_BLOCKS_H_
 #define TFSPARSE_OPS_KERNELS_BLOCKS_H_
 
