@@ -14,8 +14,8 @@
 // Shard here (2 cores, same-process A/B, the ops alone in a loop, fastest
 // of 60): the SpMMs at batch 32 0.90-0.96x the time, the SDDMM 0.82-0.89x;
 // at batch 256 the same (0.96-1.10x); a SparseDense training step at batch
-// 32 0.94x, at 256 0.94-1.07x. TensorFlow's sparse convolution op keeps
-// ParallelFor: its layer took 1.02-1.05x the time on this.
+// 32 0.93-0.98x, at 256 0.98-1.02x. TensorFlow's sparse convolution op
+// keeps ParallelFor: its layer took 1.02-1.05x the time on this.
 #ifndef TFSPARSE_OPS_KERNELS_BLOCKS_H_
 #define TFSPARSE_OPS_KERNELS_BLOCKS_H_
 
