@@ -15,7 +15,7 @@
 // of 60): the SpMMs at batch 32 0.90-0.96x the time, the SDDMM 0.82-0.89x;
 // at batch 256 the same (0.96-1.10x); a SparseDense training step at batch
 // 32 0.93-0.98x, at 256 0.98-1.02x. TensorFlow's sparse convolution op
-// keeps ParallelFor: its layer took 1.02-1.05x the time on this.
+// keeps ParallelFor: its layer took 1.02-1.08x the time on this (medians).
 #ifndef TFSPARSE_OPS_KERNELS_BLOCKS_H_
 #define TFSPARSE_OPS_KERNELS_BLOCKS_H_
 
