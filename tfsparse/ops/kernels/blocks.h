@@ -26,8 +26,18 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <utility>
 
 namespace tfsparse {
+
+// Who schedules the pool's tasks. kFromTasks: the caller schedules two and
+// every task two more as it starts, until there are threads - 1, so the
+// caller pays for two whatever the pool's size (scheduling a task wakes a
+// thread: about 2 microseconds, serial if the caller scheduled them all).
+// A task may then schedule after Run returned: only for pools that outlive
+// the call, as TensorFlow's intra-op pool. kFromCaller: the caller
+// schedules every task (XLA's thread pool, an object of the call).
+enum class Scheduling { kFromCaller, kFromTasks };
 
 class Blocks {
  public:
@@ -35,7 +45,7 @@ class Blocks {
   // to threads - 1 tasks of `pool` (anything with Schedule(std::function<
   // void()>): TensorFlow's thread::ThreadPool, XLA's ffi::ThreadPool).
   template <typename Pool>
-  static void Run(Pool& pool, int64_t threads, int64_t count,
+  static void Run(Pool& pool, int64_t threads, int64_t count, Scheduling scheduling,
                   const std::function<void(int64_t)>& fn) {
     if (count <= 0) return;
     const int64_t helpers = std::min(threads, count) - 1;
@@ -43,8 +53,13 @@ class Blocks {
       for (int64_t i = 0; i < count; ++i) fn(i);
       return;
     }
-    auto blocks = std::make_shared<Blocks>(count, fn);
-    for (int64_t i = 0; i < helpers; ++i) pool.Schedule([blocks] { blocks->Take(); });
+    auto blocks = std::make_shared<Blocks>(count, helpers, fn);
+    if (scheduling == Scheduling::kFromTasks) {
+      blocks->schedule_ = [&pool](std::function<void()> task) { pool.Schedule(std::move(task)); };
+      Spawn(blocks);
+    } else {
+      for (int64_t i = 0; i < helpers; ++i) pool.Schedule([blocks] { blocks->Take(); });
+    }
     blocks->Take();
     blocks->WaitForAll();
   }
@@ -53,9 +68,10 @@ class Blocks {
   // of [0, total), as Run.
   template <typename Pool>
   static void RunRanges(Pool& pool, int64_t threads, int64_t total, int64_t block,
+                        Scheduling scheduling,
                         const std::function<void(int64_t, int64_t)>& fn) {
     block = std::max<int64_t>(1, block);
-    Run(pool, threads, (total + block - 1) / block, [&](int64_t i) {
+    Run(pool, threads, (total + block - 1) / block, scheduling, [&](int64_t i) {
       fn(i * block, std::min(total, (i + 1) * block));
     });
   }
@@ -67,9 +83,26 @@ class Blocks {
     return std::max<int64_t>(1, (total + per_thread * threads - 1) / (per_thread * threads));
   }
 
-  Blocks(int64_t count, const std::function<void(int64_t)>& fn) : count_(count), fn_(&fn) {}
+  Blocks(int64_t count, int64_t helpers, const std::function<void(int64_t)>& fn)
+      : count_(count), helpers_(helpers), fn_(&fn) {}
 
  private:
+  // Schedules up to two more tasks (kFromTasks), each of which does the
+  // same as it starts, while blocks are left and fewer than helpers_ were
+  // scheduled.
+  static void Spawn(const std::shared_ptr<Blocks>& blocks) {
+    for (int n = 0; n < 2; ++n) {
+      if (blocks->next_.load() >= blocks->count_ ||
+          blocks->spawned_.fetch_add(1) >= blocks->helpers_) {
+        return;
+      }
+      blocks->schedule_([blocks] {
+        Spawn(blocks);
+        blocks->Take();
+      });
+    }
+  }
+
   // Blocks, one at a time, until none is left.
   void Take() {
     for (int64_t i; (i = next_.fetch_add(1)) < count_;) {
@@ -88,7 +121,10 @@ class Blocks {
     all_done_.wait(lock, [&] { return done_.load() == count_; });
   }
 
-  const int64_t count_;
+  const int64_t count_, helpers_;
+  // The pool's Schedule (kFromTasks); the pool outlives every task.
+  std::function<void(std::function<void()>)> schedule_;
+  std::atomic<int64_t> spawned_{0};
   // The caller's; called only for blocks taken before the last one, so
   // never after Run returned.
   const std::function<void(int64_t)>* const fn_;

@@ -122,7 +122,7 @@ class SddmmOp : public OpKernel {
         nnz * (2 * batch + 8) <= kInlineCost ? 1 : workers.num_threads;
     tfsparse::Blocks::RunRanges(*workers.workers, threads, nnz,
                                 tfsparse::Blocks::SizeFor(nnz, threads, 8),
-                                work);
+                                tfsparse::Scheduling::kFromTasks, work);
   }
 
  private:

@@ -66,10 +66,10 @@ ConvWorkers WorkersOf(ffi::ThreadPool& pool) {
   const int64_t threads = std::max<int64_t>(1, pool.num_threads());
   // The caller takes blocks too (Blocks), so the call finishes even when no
   // task of the pool gets to run (the custom call may itself run on one of
-  // its threads).
+  // its threads); it schedules every task, as the pool object is the call's.
   return ConvWorkers{threads, [&pool, threads](int64_t units, int64_t block,
                                                const std::function<void(int64_t, int64_t)>& fn) {
-                       Blocks::RunRanges(pool, threads, units, block, fn);
+                       Blocks::RunRanges(pool, threads, units, block, Scheduling::kFromCaller, fn);
                      }};
 }
 

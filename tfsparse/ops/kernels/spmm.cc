@@ -118,7 +118,8 @@ void OrderedPass(const DeviceBase::CpuWorkerThreads& workers, int64_t nnz,
   const int64_t threads =
       nnz <= kInlineOrderedNonzeros ? 1 : workers.num_threads;
   tfsparse::Blocks::RunRanges(*workers.workers, threads, nnz,
-                              tfsparse::Blocks::SizeFor(nnz, threads, 4), pass);
+                              tfsparse::Blocks::SizeFor(nnz, threads, 4),
+                              tfsparse::Scheduling::kFromTasks, pass);
 }
 
 template <typename T>
