@@ -32,8 +32,8 @@ namespace tfsparse {
 
 // Who schedules the pool's tasks. kFromTasks: the caller schedules two and
 // every task two more as it starts, until there are threads - 1, so the
-// caller pays for two whatever the pool's size (scheduling a task wakes a
-// thread: about 2 microseconds, serial if the caller scheduled them all).
+// caller pays for two whatever the pool's size (scheduling a task that
+// wakes a thread is a system call; serial if the caller scheduled them all).
 // A task may then schedule after Run returned: only for pools that outlive
 // the call, as TensorFlow's intra-op pool. kFromCaller: the caller
 // schedules every task (XLA's thread pool, an object of the call).
