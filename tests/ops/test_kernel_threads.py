@@ -47,6 +47,10 @@ SCRIPT = textwrap.dedent("""
                                       order=pattern.row_major_order).numpy()
                     check_product(dx, dy.astype(np.float64), w.T, w_abs.T)
                 dvalues = kernels.sddmm(x.T.copy(), dy.T.copy(), pattern.rows, pattern.cols).numpy()
+                # x and dy as they are, transposed by the op (split over the pool).
+                batch_major = kernels.sddmm(x, dy, pattern.rows, pattern.cols,
+                                            batch_major=True).numpy()
+                assert np.array_equal(batch_major, dvalues), "batch-major SDDMM differs"
                 for begin in range(0, pattern.nnz, 32768):
                     r = pattern.rows[begin:begin + 32768]
                     c = pattern.cols[begin:begin + 32768]

@@ -39,6 +39,32 @@ def test_sddmm_matches_numpy(use_kernel, dtype, batch, nnz):
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+# With and without whole 64 x 64 tiles and whole 4 x 4 and 8 x 8 blocks of
+# the op's own transposes, in both operands; batch 300 splits them over the
+# pool.
+@pytest.mark.parametrize("batch, n_in, n_out", [(1, 40, 30), (7, 131, 70), (8, 64, 64),
+                                                (17, 200, 129), (70, 300, 65), (300, 257, 190)])
+def test_batch_major_inputs_give_the_same_sums_bit_for_bit(variant, dtype, batch, n_in, n_out):
+    x_t, dy_t, rows, cols, expected = _case(dtype, n_in=n_in, n_out=n_out, batch=batch, nnz=203)
+    transposed = kernels.sddmm(x_t, dy_t, rows, cols).numpy()
+    batch_major = kernels.sddmm(np.ascontiguousarray(x_t.T), np.ascontiguousarray(dy_t.T),
+                                rows, cols, batch_major=True).numpy()
+    # The op transposes exactly, then sums in the same order.
+    np.testing.assert_array_equal(batch_major, transposed)
+    bound = (batch + 2) * np.finfo(dtype).eps * np.einsum(
+        "kb,kb->k", np.abs(x_t[rows]), np.abs(dy_t[cols]))
+    assert np.all(np.abs(batch_major - expected) <= bound)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_batch_major_inputs_of_different_batches_are_rejected(variant):
+    with pytest.raises(tf.errors.InvalidArgumentError, match="same batch \\(first\\) dimension"):
+        kernels.sddmm(np.ones((3, 4), "float32"), np.ones((2, 5), "float32"),
+                      np.zeros(1, "int32"), np.zeros(1, "int32"), batch_major=True)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
 def test_kernel_and_fallback_agree_inside_tf_function(variant):
     x_t, dy_t, rows, cols, _ = _case(np.float32, seed=3, batch=256, nnz=5000)
     kernel = tf.function(lambda *a: sddmm(*a, use_kernel=True))(x_t, dy_t, rows, cols)

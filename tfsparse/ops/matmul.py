@@ -100,9 +100,10 @@ def _differentiable_product(product, x, values, rows, cols, pattern, bias, use_k
         # compiled kernel permutes the nonzeros itself, in one pass).
         if product is _compiled_product:
             dx = kernels.spmm(dy, values, cols, rows, input_dim, order=order)
-        else:
-            dx = product(dy, tf.gather(values, order), tf.gather(cols, order),
-                         tf.gather(rows, order), units=input_dim)
+            # x and dy as they are: the op transposes them itself.
+            return dx, kernels.sddmm(x, dy, rows, cols, batch_major=True)
+        dx = product(dy, tf.gather(values, order), tf.gather(cols, order),
+                     tf.gather(rows, order), units=input_dim)
         dvalues = sddmm(
             tf.transpose(x), tf.transpose(dy), rows, cols, use_kernel=use_kernel
         )

@@ -181,9 +181,15 @@ def _library():
     return library
 
 
-def sddmm(x_t, dy_t, rows, cols):
-    """The compiled SDDMM kernel; see ``tfsparse.ops.sddmm``."""
-    return _library().tfsparse_sddmm(x_t, dy_t, rows, cols, isa=isa())
+def sddmm(x_t, dy_t, rows, cols, batch_major=False):
+    """The compiled SDDMM kernel; see ``tfsparse.ops.sddmm``.
+
+    ``batch_major=True``: ``x_t`` and ``dy_t`` are given untransposed,
+    ``[batch, input_dim]`` and ``[batch, units]``; the op transposes them
+    itself (faster than ``tf.transpose``), with results equal bit for bit.
+    """
+    return _library().tfsparse_sddmm(x_t, dy_t, rows, cols, isa=isa(),
+                                     batch_major=bool(batch_major))
 
 
 def spmm(x, values, idx, seg, units, bias=None, order=None):
