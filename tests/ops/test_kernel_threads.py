@@ -47,17 +47,20 @@ SCRIPT = textwrap.dedent("""
                                       order=pattern.row_major_order).numpy()
                     check_product(dx, dy.astype(np.float64), w.T, w_abs.T)
                 dvalues = kernels.sddmm(x.T.copy(), dy.T.copy(), pattern.rows, pattern.cols).numpy()
-                # x and dy as they are, transposed by the op (split over the pool).
+                # x and dy as they are, transposed by the op (split over the
+                # pool); x of batch 256 (4 MiB) summed in slices of the batch.
                 batch_major = kernels.sddmm(x, dy, pattern.rows, pattern.cols,
                                             batch_major=True).numpy()
-                assert np.array_equal(batch_major, dvalues), "batch-major SDDMM differs"
+                if x.nbytes <= 2**21:
+                    assert np.array_equal(batch_major, dvalues), "batch-major SDDMM differs"
                 for begin in range(0, pattern.nnz, 32768):
                     r = pattern.rows[begin:begin + 32768]
                     c = pattern.cols[begin:begin + 32768]
                     a, b = x.T[r].astype(np.float64), dy.T[c].astype(np.float64)
                     bound = (batch + 2) * eps * np.sum(np.abs(a * b), axis=1)
-                    error = np.abs(dvalues[begin:begin + 32768] - np.sum(a * b, axis=1))
-                    assert np.all(error <= bound), "SDDMM off its reference"
+                    for got in (dvalues, batch_major):
+                        error = np.abs(got[begin:begin + 32768] - np.sum(a * b, axis=1))
+                        assert np.all(error <= bound), "SDDMM off its reference"
     print("ok")
 """)
 

@@ -42,11 +42,12 @@ def test_sddmm_matches_numpy(use_kernel, dtype, batch, nnz):
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 # With and without whole 64 x 64 tiles and whole 4 x 4 and 8 x 8 blocks of
 # the op's own transposes, in both operands; batch 300 splits them over the
-# pool.
+# pool. x under 2 MiB: one slice, the same sums in the same order.
 @pytest.mark.parametrize("batch, n_in, n_out", [(1, 40, 30), (7, 131, 70), (8, 64, 64),
                                                 (17, 200, 129), (70, 300, 65), (300, 257, 190)])
 def test_batch_major_inputs_give_the_same_sums_bit_for_bit(variant, dtype, batch, n_in, n_out):
     x_t, dy_t, rows, cols, expected = _case(dtype, n_in=n_in, n_out=n_out, batch=batch, nnz=203)
+    assert x_t.nbytes <= 2**21
     transposed = kernels.sddmm(x_t, dy_t, rows, cols).numpy()
     batch_major = kernels.sddmm(np.ascontiguousarray(x_t.T), np.ascontiguousarray(dy_t.T),
                                 rows, cols, batch_major=True).numpy()
@@ -55,6 +56,21 @@ def test_batch_major_inputs_give_the_same_sums_bit_for_bit(variant, dtype, batch
     bound = (batch + 2) * np.finfo(dtype).eps * np.einsum(
         "kb,kb->k", np.abs(x_t[rows]), np.abs(dy_t[cols]))
     assert np.all(np.abs(batch_major - expected) <= bound)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+# x over 2 MiB: summed in slices of the batch (of 64 float32 rows of 8192,
+# 32 float64 ones; 150 rows make a short last slice), in another order.
+def test_batch_major_inputs_over_two_mebibytes_are_summed_in_slices(variant, dtype):
+    x_t, dy_t, rows, cols, expected = _case(dtype, n_in=8192, n_out=50, batch=150, nnz=2003)
+    got = kernels.sddmm(np.ascontiguousarray(x_t.T), np.ascontiguousarray(dy_t.T),
+                        rows, cols, batch_major=True).numpy()
+    bound = (150 + 2) * np.finfo(dtype).eps * np.einsum(
+        "kb,kb->k", np.abs(x_t[rows]), np.abs(dy_t[cols]))
+    assert np.all(np.abs(got - expected) <= bound)
+    # The slices' sums differ in order from one sum over the batch.
+    assert not np.array_equal(got, kernels.sddmm(x_t, dy_t, rows, cols).numpy())
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

@@ -186,7 +186,9 @@ def sddmm(x_t, dy_t, rows, cols, batch_major=False):
 
     ``batch_major=True``: ``x_t`` and ``dy_t`` are given untransposed,
     ``[batch, input_dim]`` and ``[batch, units]``; the op transposes them
-    itself (faster than ``tf.transpose``), with results equal bit for bit.
+    itself (faster than ``tf.transpose``). Results equal the transposed
+    inputs' bit for bit while ``x`` takes up to 2 MiB; a larger ``x`` is
+    summed in slices of the batch (another order of the same sums).
     """
     return _library().tfsparse_sddmm(x_t, dy_t, rows, cols, isa=isa(),
                                      batch_major=bool(batch_major))
