@@ -170,19 +170,44 @@ def spmm_bound(rates, variant, batch, n_in, units, nnz, dtype_bytes=4):
     return roofline(rates, nnz * panels * panel_rows, loads)
 
 
-def sddmm_bound(rates, batch, n_in, units, nnz, dtype_bytes=4):
-    """The roofline of the SDDMM ``out[k] = x_t[rows[k]] . dy_t[cols[k]]``.
+SDDMM_SLICE_BYTES = 1 << 21  # kSliceBytes in tfsparse/ops/kernels/sddmm.cc
 
-    Every nonzero is a dot product of two rows of ``batch`` floats: the row
-    of ``x_t`` at random (``_random_reads`` over all of ``x_t``: the
-    nonzeros of a column hit scattered rows), the row of ``dy_t`` from L1
-    (the nonzeros are sorted by column, so a column's nonzeros reuse it);
-    ``dy_t``, the indices and the output cross memory once.
+
+def sddmm_slice_rows(batch, n_in, dtype_bytes=4):
+    """The batch rows per slice of the SDDMM on batch-major ``x`` (sddmm.cc's SliceRows)."""
+    fits = SDDMM_SLICE_BYTES // max(1, n_in * dtype_bytes)
+    if fits >= batch:
+        return max(1, batch)
+    rows = max(16, fits // 16 * 16)
+    if rows >= batch:
+        return batch
+    slices = -(-batch // rows)
+    return (-(-batch // slices) + 15) // 16 * 16
+
+
+def sddmm_bound(rates, batch, n_in, units, nnz, dtype_bytes=4):
+    """The roofline of the SDDMM ``out[k] = x[:, rows[k]] . dy[:, cols[k]]`` as blocked.
+
+    As the layer runs it: on ``x [batch, n_in]`` and ``dy [batch, units]``,
+    which the op reads from memory once and transposes, in slices of the
+    batch (``sddmm_slice_rows``). Per slice of S rows, every nonzero is a
+    dot product of two rows of S floats: the row of ``x`` at random
+    (``_random_reads`` over the slice's ``n_in * S`` floats: the nonzeros of
+    a column hit scattered rows), the row of ``dy`` from L1 (the nonzeros
+    are sorted by column, so a column's nonzeros reuse it), and the indices
+    and the output (read and written by every slice after the first) from
+    the level that holds them.
     """
     caches = cache_sizes()
-    loads = _random_reads(n_in * batch * dtype_bytes, nnz * batch * dtype_bytes, caches)
-    _add(loads, {"L1": nnz * batch * dtype_bytes,
-                 "memory": (n_in + units) * batch * dtype_bytes + nnz * (dtype_bytes + 8)})
+    slice_rows = sddmm_slice_rows(batch, n_in, dtype_bytes)
+    slices = -(-batch // slice_rows)
+    loads = {"memory": (n_in + units) * batch * dtype_bytes}
+    for first in range(0, batch, slice_rows):
+        rows = min(slice_rows, batch - first)
+        _add(loads, _random_reads(n_in * rows * dtype_bytes, nnz * rows * dtype_bytes, caches))
+        _add(loads, {"L1": nnz * rows * dtype_bytes})
+    per_nonzero = 8 + dtype_bytes  # its two indices, and its output read back
+    _add(loads, {_level(nnz * per_nonzero, caches): nnz * (8 * slices + dtype_bytes * (slices - 1))})
     return roofline(rates, nnz * batch, loads)
 
 

@@ -246,7 +246,9 @@ def kernel_rooflines(bounds_of, variant_of, pattern, values, batch, repeats):
     on W's nonzeros in row-major order, given permuted: the layer's gradient
     passes W's order to the op, which permutes the nonzeros before the SpMM;
     that pass is not SpMM work and is not in the fraction), and the SDDMM of
-    the values gradient, on the layer's pattern and random ``x`` and ``dy``.
+    the values gradient as the layer runs it (on ``x`` and ``dy``, which it
+    transposes itself, in slices of the batch), on the layer's pattern and
+    random ``x`` and ``dy``.
     The input gradient as the layer runs it, with the permutation, is timed
     and printed too.
 
@@ -264,7 +266,8 @@ def kernel_rooflines(bounds_of, variant_of, pattern, values, batch, repeats):
     forward_inputs = (x, values, pattern.rows, pattern.cols, np.zeros(units, np.float32))
     # W^T's nonzeros sorted by its output index (W's row): W's row-major order.
     gradient_inputs = (dy, values[order], pattern.cols[order], pattern.rows[order])
-    sddmm_inputs = (tf.transpose(x), tf.transpose(dy), pattern.rows, pattern.cols)
+    # As the layer's gradient runs it: on x and dy, transposed in the op.
+    sddmm_inputs = (x, dy, pattern.rows, pattern.cols)
     in_order_inputs = (dy, values, pattern.rows, pattern.cols, order.astype(np.int32))
     ops = {}
     for name in bounds_of:
@@ -273,7 +276,9 @@ def kernel_rooflines(bounds_of, variant_of, pattern, values, batch, repeats):
             lambda x, v, r, c, b: kernels.spmm(x, v, r, c, units, b), forward_inputs, variant)
         ops[name, "input gradient"] = (
             lambda dy, v, r, c: kernels.spmm(dy, v, r, c, n_in), gradient_inputs, variant)
-        ops[name, "SDDMM"] = (kernels.sddmm, sddmm_inputs, variant)
+        ops[name, "SDDMM"] = (
+            lambda x, dy, r, c: kernels.sddmm(x, dy, r, c, batch_major=True), sddmm_inputs,
+            variant)
         ops[name, "input gradient in order"] = (
             lambda dy, v, r, c, o: kernels.spmm(dy, v, c, r, n_in, order=o),
             in_order_inputs, variant)
