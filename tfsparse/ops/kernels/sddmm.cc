@@ -11,8 +11,9 @@
 // order as on transposed inputs, equal bit for bit; a larger x in slices of
 // the batch, each transposed on its own and summed into the result after
 // the one before, so that the random reads of x's rows stay in L2. Work is
-// split over the nonzeros on TensorFlow's intra-op thread pool. The pure-TensorFlow fallback in tfsparse/ops/sddmm.py computes
-// the same sums (in another order). The dot product (sddmm_variant.inc) is
+// split over the nonzeros on TensorFlow's intra-op thread pool. The
+// pure-TensorFlow fallback in tfsparse/ops/sddmm.py computes the same sums
+// (in another order). The dot product (sddmm_variant.inc) is
 // compiled once per instruction-set variant; the op's "isa" attribute picks
 // one (isa.h).
 #include <algorithm>
