@@ -125,12 +125,15 @@ def main():
     # Under Horovod every process gets the same results (and weights).
     loss, accuracy = model.evaluate(x_test, y_test, batch_size=500, verbose=0)
     say(f"\n{args.schedule}: test accuracy {accuracy:.2%} after {args.epochs} epochs")
-    for stage, parts in model.pipeline.partitions().items() if args.horovod else ():
-        # Flushed now: a rank's buffered output can be cut off when it exits
-        # through horovodrun (CI lost rank 1's line once).
-        print(f"rank {rank}: stage {stage} partitioned into "
-              + ", ".join(f"{p.k} parts ({p.volume} words per sample)" for p in parts),
-              flush=True)
+    if args.horovod:
+        # Each process partitions its own stage; rank 0 gathers and prints the
+        # reports (horovodrun can drop a rank's last output lines as it exits).
+        mine = [f"rank {rank}: stage {stage} partitioned into "
+                + ", ".join(f"{p.k} parts ({p.volume} words per sample)" for p in parts)
+                for stage, parts in model.pipeline.partitions().items()]
+        for report in hvd.allgather_object(mine):
+            for line in report:
+                say(line)
     if rank != 0:
         model.predict(x_test[:100], verbose=0)  # rank 0's predict needs every stage
         return

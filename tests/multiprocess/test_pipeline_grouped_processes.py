@@ -115,10 +115,7 @@ def test_the_example_trains_a_grouped_pipeline_over_two_processes(tmp_path):
     output = run_script(example, ["--horovod", "--local-devices", "2", "--epochs", "1",
                                   "--out", tmp_path], timeout=TIMEOUT_S)
     assert "the reloaded model predicts the same: True" in output
-    for rank in range(2):
-        # On failure, every line horovodrun forwarded from that rank (CI lost
-        # rank 1's line twice; pytest's diff of the whole output is cut).
-        assert f"rank {rank}: stage {rank} partitioned into 2 parts" in output, "\n".join(
-            line for line in output.splitlines() if line.startswith(f"[{rank}]"))
+    for rank in range(2):  # rank 0 gathers every process's report and prints it
+        assert f"rank {rank}: stage {rank} partitioned into 2 parts" in output
     accuracy = float(output.split("test accuracy ")[1].split("%")[0])
     assert accuracy > 50  # 10 classes; one epoch reaches about 80%
