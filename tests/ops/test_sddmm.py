@@ -60,6 +60,32 @@ def test_batch_major_inputs_give_the_same_sums_bit_for_bit(variant, dtype, batch
 
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
+# From batch 128, four float nonzeros of one column (a pattern sorted by
+# column) share their loads of dy's row: their sums must not change. 150
+# leaves a tail past the vector steps.
+@pytest.mark.parametrize("batch", [128, 150])
+def test_nonzeros_sharing_a_column_give_the_sums_they_give_apart(variant, dtype, batch):
+    x_t, dy_t, _, _, _ = _case(dtype, n_in=300, n_out=40, batch=batch)
+    rng = np.random.default_rng(1)
+    cols = np.repeat(np.arange(40), rng.integers(1, 13, 40)).astype(np.int32)
+    rows = rng.integers(0, 300, cols.size).astype(np.int32)
+    groups = cols[: cols.size // 4 * 4].reshape(-1, 4)
+    assert np.sum(np.all(groups == groups[:, :1], axis=1)) >= 10  # shared groups exist
+    # dy's rows twice over: column c + 40 holds column c's values. Every
+    # other nonzero names the copy, so no four neighbours share a column,
+    # with the same products at the same positions.
+    dy_twice = np.concatenate([dy_t, dy_t])
+    apart = (cols + 40 * (np.arange(cols.size) % 2)).astype(np.int32)
+    shared_sums = kernels.sddmm(x_t, dy_twice, rows, cols).numpy()
+    np.testing.assert_array_equal(shared_sums, kernels.sddmm(x_t, dy_twice, rows, apart).numpy())
+    expected = np.einsum("kb,kb->k", x_t[rows].astype(np.float64), dy_t[cols])
+    bound = (batch + 2) * np.finfo(dtype).eps * np.einsum(
+        "kb,kb->k", np.abs(x_t[rows]), np.abs(dy_t[cols]))
+    assert np.all(np.abs(shared_sums - expected) <= bound)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
 # x over 2 MiB: summed in slices of the batch (of 64 float32 rows of 8192,
 # 32 float64 ones; 150 rows make a short last slice), in another order.
 def test_batch_major_inputs_over_two_mebibytes_are_summed_in_slices(variant, dtype):
