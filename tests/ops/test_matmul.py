@@ -119,6 +119,34 @@ def test_float32_matches_float64_reference_within_rounding(use_kernel, batch, in
     assert np.all(np.abs(dvalues - full[pattern.rows, pattern.cols]) <= bound)
 
 
+@pytest.mark.parametrize("variant", VARIANTS)
+# Float batches of 32 rows or more take 32-row panels on AVX2 and AVX-512
+# while a panel (input_dim x 32 floats) takes at most a quarter of the
+# core's L2, else 16-row ones (spmm_variant.inc, cache_size.h): 300 inputs
+# take 32-row panels on a CPU with 160 KiB of L2 or more, 9000 inputs 16-row
+# ones on a CPU with less than 4.5 MiB. Whichever it picks, the sums are
+# those of 16-row panels (batches of 16), bit for bit: the CPU's cache may
+# change the speed, not the result.
+@pytest.mark.parametrize("input_dim", [300, 9000])
+def test_panel_rows_picked_from_the_cache_size_leave_the_sums_unchanged(variant, input_dim):
+    matrix = _kernel((input_dim, 70), 0.05, seed=10)
+    pattern, values = SparsityPattern.from_scipy(matrix)
+    values = values.astype(np.float32)
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((64, input_dim)).astype(np.float32)
+    bias = rng.standard_normal(70).astype(np.float32)
+
+    def product(rows):
+        return sparse_matmul(rows, values, pattern, use_kernel=True, bias=bias).numpy()
+
+    whole = product(x)
+    np.testing.assert_array_equal(whole, np.concatenate([product(x[b:b + 16]) for b in range(0, 64, 16)]))
+    # And right: float32 sums of the bias and at most input_dim terms.
+    kernel = matrix.toarray()
+    bound = (input_dim + 3) * np.finfo(np.float32).eps * (np.abs(x) @ np.abs(kernel) + np.abs(bias))
+    assert np.all(np.abs(whole - (x.astype(np.float64) @ kernel + bias)) <= bound)
+
+
 @pytest.mark.parametrize("use_kernel", PATHS)
 @pytest.mark.parametrize("batch", [1, 3, 8])
 def test_a_large_kernel_runs_on_the_thread_pool(use_kernel, batch):

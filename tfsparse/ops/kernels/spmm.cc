@@ -36,6 +36,7 @@
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/shape_inference.h"
 #include "blocks.h"
+#include "cache_size.h"
 #include "isa.h"
 #include "ordered_pattern.h"
 
