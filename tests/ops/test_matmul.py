@@ -123,8 +123,8 @@ def test_float32_matches_float64_reference_within_rounding(use_kernel, batch, in
 # Float batches of 32 rows or more take 32-row panels on AVX2 and AVX-512
 # while a panel (input_dim x 32 floats) takes at most a quarter of the
 # core's L2, else 16-row ones (spmm_variant.inc, cache_size.h): 300 inputs
-# take 32-row panels on a CPU with 160 KiB of L2 or more, 9000 inputs 16-row
-# ones on a CPU with less than 4.5 MiB. Whichever it picks, the sums are
+# take 32-row panels on a CPU with 150 KiB of L2 or more, 9000 inputs 16-row
+# ones on a CPU with under 4.3 MiB. Whichever it picks, the sums are
 # those of 16-row panels (batches of 16), bit for bit: the CPU's cache may
 # change the speed, not the result.
 @pytest.mark.parametrize("input_dim", [300, 9000])
