@@ -100,6 +100,26 @@ def test_batch_major_inputs_over_two_mebibytes_are_summed_in_slices(variant, dty
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("dtype, slice_rows", [(np.float32, 64), (np.float64, 32)])
+def test_slices_are_the_sums_of_each_slice_added_in_order(variant, dtype, slice_rows):
+    # Each slice is transposed into the same buffers just before its
+    # products (sddmm.cc): the result must be, bit for bit, the products of
+    # each slice alone (transposed inputs, one slice) added slice after
+    # slice. 8192 inputs: slices of 64 float32 or 32 float64 rows, the last
+    # one short (150 rows).
+    x_t, dy_t, rows, cols, _ = _case(dtype, n_in=8192, n_out=50, batch=150, nnz=2003)
+    got = kernels.sddmm(np.ascontiguousarray(x_t.T), np.ascontiguousarray(dy_t.T),
+                        rows, cols, batch_major=True).numpy()
+    expected = None
+    for first in range(0, 150, slice_rows):
+        part = slice(first, first + slice_rows)
+        sums = kernels.sddmm(np.ascontiguousarray(x_t[:, part]), np.ascontiguousarray(dy_t[:, part]),
+                             rows, cols).numpy()
+        expected = sums if expected is None else expected + sums
+    np.testing.assert_array_equal(got, expected)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
 def test_batch_major_inputs_of_different_batches_are_rejected(variant):
     with pytest.raises(tf.errors.InvalidArgumentError, match="same batch \\(first\\) dimension"):
         kernels.sddmm(np.ones((3, 4), "float32"), np.ones((2, 5), "float32"),
