@@ -136,16 +136,17 @@ def roofline(rates, madds, loads):
     return times[binding], binding
 
 
-def spmm_panel_rows(variant, batch, n_in, dtype_bytes=4):
+def spmm_panel_rows(variant, batch, n_in, caches, dtype_bytes=4):
     """The batch rows per panel the SpMM kernel uses (spmm_variant.inc).
 
     Batches of up to 3 rows read ``x`` itself (SpmmFewRows): one "panel" of
     exactly ``batch`` rows. 32-row panels only while one (``n_in * 32``
-    floats) takes at most a quarter of the core's L2 (cache_size.h).
+    floats) takes at most a quarter of the core's L2 (``caches["L2"]``, as
+    ``cache_sizes`` gives it; cache_size.h).
     """
     if batch <= 3:
         return batch
-    l2 = cache_sizes().get("L2", 1 << 21)  # the kernels' kAssumedL2Bytes if unknown
+    l2 = caches.get("L2", 1 << 21)  # the kernels' kAssumedL2Bytes if unknown
     if dtype_bytes == 4 and batch >= 32 and variant != "portable" and n_in * 32 * 4 <= l2 // 4:
         return 32
     if dtype_bytes == 4 and batch >= 16:
@@ -163,7 +164,7 @@ def spmm_bound(rates, variant, batch, n_in, units, nnz, dtype_bytes=4):
     holds all of them); x and y cross memory once.
     """
     caches = cache_sizes()
-    panel_rows = spmm_panel_rows(variant, batch, n_in, dtype_bytes)
+    panel_rows = spmm_panel_rows(variant, batch, n_in, caches, dtype_bytes)
     panels = -(-batch // panel_rows)
     loads = _random_reads(n_in * panel_rows * dtype_bytes,
                           nnz * panels * panel_rows * dtype_bytes, caches)

@@ -170,8 +170,9 @@ class SddmmOp : public OpKernel {
     // [n_out, slice]) into one pair of buffers, just before its products,
     // which then read it from cache.
     const int64_t slice = batch_major_ ? SliceRows(batch, n_in, sizeof(T)) : batch;
+    const bool transpose = batch_major_ && nnz > 0;
     Tensor x_rows, dy_rows;
-    if (batch_major_ && nnz > 0) {
+    if (transpose) {
       OP_REQUIRES_OK(ctx, ctx->allocate_temp(DataTypeToEnum<T>::value,
                                              TensorShape({n_in, slice}),
                                              &x_rows));
@@ -183,7 +184,7 @@ class SddmmOp : public OpKernel {
       const int64_t rows_in_slice = std::min(slice, batch - b0);
       const T* x_slice = x + b0 * n_in;
       const T* dy_slice = dy + b0 * n_out;
-      if (batch_major_ && nnz > 0) {
+      if (transpose) {
         T* x_out = x_rows.flat<T>().data();
         T* dy_out = dy_rows.flat<T>().data();
         // Columns [0, n_in) are x's, [n_in, n_in + n_out) dy's; blocks of
