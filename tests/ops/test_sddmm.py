@@ -1,3 +1,5 @@
+import platform
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -5,7 +7,7 @@ import tensorflow as tf
 from tfsparse.ops import kernels
 from tfsparse.ops import sddmm
 
-from kernel_paths import PATHS, VARIANTS
+from kernel_paths import PATHS, VARIANTS, _variant_marks
 
 
 
@@ -82,6 +84,57 @@ def test_nonzeros_sharing_a_column_give_the_sums_they_give_apart(variant, dtype,
     bound = (batch + 2) * np.finfo(dtype).eps * np.einsum(
         "kb,kb->k", np.abs(x_t[rows]), np.abs(dy_t[cols]))
     assert np.all(np.abs(shared_sums - expected) <= bound)
+
+
+def _products_in_vectors(a, b, width, steps):
+    """The two chains of Dot4 (sddmm_variant.inc) of one float32 dot product.
+
+    ``a``, ``b``: ``[nonzeros, 2 * width * steps]``. Step by step, vector 0
+    of each step into one chain and vector 1 into the other; the first
+    product of a chain is rounded once (a multiply-add onto zero), a later
+    one rounded, then added (the portable variant's, which has no fused
+    multiply-add; the others take one step here). Returns the chains' sum,
+    ``[nonzeros, width]``.
+    """
+    chains = [None, None]
+    for step in range(steps):
+        for chain in range(2):
+            part = slice((2 * step + chain) * width, (2 * step + chain + 1) * width)
+            product = a[:, part] * b[:, part]  # float32: rounded
+            chains[chain] = product if chains[chain] is None else chains[chain] + product
+    return chains[0] + chains[1]
+
+
+@pytest.mark.parametrize("variant, batch", [
+    pytest.param("avx512", 32, marks=_variant_marks("avx512")),
+    pytest.param("avx2", 16, marks=_variant_marks("avx2")),
+    pytest.param("portable", 16, marks=[*_variant_marks("portable"), pytest.mark.skipif(
+        platform.machine() not in ("x86_64", "AMD64"), reason="SSE2 sums: x86-64 only")]),
+])
+def test_four_nonzeros_at_a_time_add_their_lanes_in_the_variants_order(variant, batch):
+    # Dot4 sums four nonzeros' vectors at once (Sum4 on AVX-512 and AVX2):
+    # each sum must be, bit for bit, that of the variant's one-vector
+    # reduction, emulated here in float32 NumPy. One step of two vectors
+    # (two on the portable variant's 4 lanes) covers the batch, so no
+    # multiply-add chain is longer than one product (whose rounding is the
+    # same fused or not), except the portable variant's second step, which
+    # is a product then a sum there as here. 64 nonzeros: all in fours.
+    x_t, dy_t, rows, cols, _ = _case(np.float32, n_in=50, n_out=40, batch=batch, nnz=64)
+    a, b = x_t[rows], dy_t[cols]
+    if variant == "avx512":
+        v = _products_in_vectors(a, b, 16, 1)
+        halves = v[:, 8:] + v[:, :8]
+        quarters = halves[:, 4:] + halves[:, :4]
+        pairs = quarters[:, :2] + quarters[:, 2:]
+    elif variant == "avx2":
+        v = _products_in_vectors(a, b, 8, 1)
+        halves = v[:, :4] + v[:, 4:]
+        pairs = halves[:, :2] + halves[:, 2:]
+    else:
+        v = _products_in_vectors(a, b, 4, 2)
+        pairs = v[:, :2] + v[:, 2:]
+    expected = pairs[:, 0] + pairs[:, 1]
+    np.testing.assert_array_equal(kernels.sddmm(x_t, dy_t, rows, cols).numpy(), expected)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
