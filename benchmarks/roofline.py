@@ -10,6 +10,14 @@ turn a kernel's own counts for its blocking (multiply-adds, bytes read at
 each level) into the time below which it cannot run: the largest of the
 times each resource needs on its own (a roofline). The speed benchmarks
 print achieved fraction = bound / measured time.
+
+The level rates are those of streams, which the hardware prefetchers fetch
+ahead. The kernels read their panels' and slices' rows at random (one per
+nonzero), so ``gather_rate`` measures that access too: chunks of the row's
+size at random offsets over a buffer of the panel's or slice's size. Given
+it (``gathers=gather_seconds(variant, threads)``), the bounds charge those
+rows at the measured gather rate instead: a looser bound, the one the
+kernels' access pattern meets.
 """
 
 import argparse
@@ -61,6 +69,9 @@ def _compile(variant):
     probes.roofline_madds_per_second.argtypes = [ctypes.c_int, ctypes.c_int64]
     probes.roofline_load_bytes_per_second.restype = ctypes.c_double
     probes.roofline_load_bytes_per_second.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+    probes.roofline_gather_bytes_per_second.restype = ctypes.c_double
+    probes.roofline_gather_bytes_per_second.argtypes = [ctypes.c_int, ctypes.c_int64,
+                                                        ctypes.c_int64, ctypes.c_int64]
     return probes
 
 
@@ -90,6 +101,60 @@ def measure(variant, threads):
             lambda size=size, passes=passes: probes.roofline_load_bytes_per_second(
                 threads, size, passes), repeats=5 if level != "memory" else 2)
     return rates
+
+
+def probe_chunk_bytes(variant, chunk_bytes):
+    """The chunk the gather probe reads for rows of ``chunk_bytes`` bytes.
+
+    Whole vectors of the variant (a row smaller than one, as the 8-float
+    panel rows on AVX-512, is one vector: its cache line is read either
+    way), in the counts the probe unrolls: 1, 2, 4 or a multiple of 8.
+    """
+    vector = VARIANT_FLAGS[variant][0] * 4
+    vectors = max(1, -(-chunk_bytes // vector))
+    if vectors > 4:
+        vectors = -(-vectors // 8) * 8
+    elif vectors == 3:
+        vectors = 4
+    return vectors * vector
+
+
+@functools.lru_cache(maxsize=None)
+def gather_rate(variant, threads, working_set, chunk_bytes):
+    """Bytes per second read as rows of ``chunk_bytes`` at random over ``working_set`` bytes.
+
+    Each of ``threads`` threads reads a million chunks (``probe_chunk_bytes``)
+    at random offsets of its own buffer of ``working_set`` bytes (at least
+    one chunk), the offsets streamed as int32: a kernel's reads of a
+    transposed panel's or slice's rows, one per nonzero. Best of 3 runs.
+
+    Example (builds the probes with g++; about a second):
+      >>> rate = gather_rate("portable", 1, 1 << 18, 64)
+      >>> rate > 0
+      True
+    """
+    probes = _compile(variant)
+    chunk = probe_chunk_bytes(variant, chunk_bytes)
+    working_set = max(working_set, chunk) // chunk * chunk
+    rate = _best_of(lambda: probes.roofline_gather_bytes_per_second(
+        threads, working_set, chunk, 1 << 20), repeats=3)
+    if rate <= 0:
+        raise ValueError(f"gather probe: chunk of {chunk} bytes over {working_set} bytes "
+                         f"is not a size it reads (variant {variant!r})")
+    return rate
+
+
+def gather_seconds(variant, threads):
+    """``(working set, row bytes, rows) -> seconds``: reading ``rows`` rows at random.
+
+    Each row costs what the gather probe's chunk for it (``probe_chunk_bytes``)
+    costs at ``gather_rate``: the ``gathers`` argument of the bounds.
+    """
+    def seconds(working_set, row_bytes, rows):
+        chunk = probe_chunk_bytes(variant, row_bytes)
+        return rows * chunk / gather_rate(variant, threads, working_set, row_bytes)
+
+    return seconds
 
 
 def _level(working_set, caches):
@@ -127,9 +192,15 @@ def _add(loads, more):
     return loads
 
 
-def roofline(rates, madds, loads):
-    """(bound seconds, binding resource) for ``madds`` and ``{level: bytes}``."""
+def roofline(rates, madds, loads, gathered=None):
+    """(bound seconds, binding resource) for ``madds`` and ``{level: bytes}``.
+
+    ``gathered``: seconds of rows read at random at the gather probe's rate
+    (the resource "random row reads"), or None.
+    """
     times = {"multiply-adds": madds / rates["madds"]}
+    if gathered is not None:
+        times["random row reads"] = gathered
     for level, size in loads.items():
         times[f"{level} loads"] = times.get(f"{level} loads", 0) + size / rates[level]
     binding = max(times, key=times.get)
@@ -154,7 +225,7 @@ def spmm_panel_rows(variant, batch, n_in, caches, dtype_bytes=4):
     return 8
 
 
-def spmm_bound(rates, variant, batch, n_in, units, nnz, dtype_bytes=4):
+def spmm_bound(rates, variant, batch, n_in, units, nnz, dtype_bytes=4, gathers=None):
     """The roofline of tfsparse's SpMM ``[batch, n_in] @ W[n_in, units]`` as blocked.
 
     Per panel of P batch rows (x transposed to ``[n_in][P]``): every nonzero
@@ -162,15 +233,27 @@ def spmm_bound(rates, variant, batch, n_in, units, nnz, dtype_bytes=4):
     a row of the panel at random (``_random_reads`` over its ``n_in * P``
     floats) and its value and index (8 bytes, streamed from the level that
     holds all of them); x and y cross memory once.
+
+    ``gathers``: ``gather_seconds(variant, threads)``, or None. Given, the
+    panel's rows are charged at the gather probe's rate, measured for the
+    panel's size and row, instead of at the levels' stream rates.
     """
     caches = cache_sizes()
     panel_rows = spmm_panel_rows(variant, batch, n_in, caches, dtype_bytes)
     panels = -(-batch // panel_rows)
-    loads = _random_reads(n_in * panel_rows * dtype_bytes,
-                          nnz * panels * panel_rows * dtype_bytes, caches)
+    panel_reads = nnz * panels * panel_rows * dtype_bytes
+    loads, gathered = {}, None
+    if gathers is None:
+        loads = _random_reads(n_in * panel_rows * dtype_bytes, panel_reads, caches)
+    else:
+        if batch <= 3:  # no panel: each nonzero reads one element of each row of x
+            gathered = gathers(n_in * batch * dtype_bytes, dtype_bytes, nnz * batch)
+        else:
+            gathered = gathers(n_in * panel_rows * dtype_bytes, panel_rows * dtype_bytes,
+                               nnz * panels)
     _add(loads, {_level(nnz * (dtype_bytes + 4), caches): nnz * panels * (dtype_bytes + 4)})
     _add(loads, {"memory": batch * (n_in + units) * dtype_bytes})
-    return roofline(rates, nnz * panels * panel_rows, loads)
+    return roofline(rates, nnz * panels * panel_rows, loads, gathered)
 
 
 SDDMM_SLICE_BYTES = 1 << 21  # kSliceBytes in tfsparse/ops/kernels/sddmm.cc
@@ -188,7 +271,7 @@ def sddmm_slice_rows(batch, n_in, dtype_bytes=4):
     return (-(-batch // slices) + 15) // 16 * 16
 
 
-def sddmm_bound(rates, batch, n_in, units, nnz, dtype_bytes=4):
+def sddmm_bound(rates, batch, n_in, units, nnz, dtype_bytes=4, gathers=None):
     """The roofline of the SDDMM ``out[k] = x[:, rows[k]] . dy[:, cols[k]]`` as blocked.
 
     As the layer runs it: on ``x [batch, n_in]`` and ``dy [batch, units]``,
@@ -199,19 +282,25 @@ def sddmm_bound(rates, batch, n_in, units, nnz, dtype_bytes=4):
     a column hit scattered rows), the row of ``dy`` from L1 (the nonzeros
     are sorted by column, so a column's nonzeros reuse it), and the indices
     and the output (read and written by every slice after the first) from
-    the level that holds them.
+    the level that holds them. ``gathers``: as ``spmm_bound``'s, for the
+    rows of ``x``.
     """
     caches = cache_sizes()
     slice_rows = sddmm_slice_rows(batch, n_in, dtype_bytes)
     slices = -(-batch // slice_rows)
     loads = {"memory": (n_in + units) * batch * dtype_bytes}
+    gathered = None if gathers is None else 0.0
     for first in range(0, batch, slice_rows):
         rows = min(slice_rows, batch - first)
-        _add(loads, _random_reads(n_in * rows * dtype_bytes, nnz * rows * dtype_bytes, caches))
+        if gathers is None:
+            _add(loads, _random_reads(n_in * rows * dtype_bytes, nnz * rows * dtype_bytes,
+                                      caches))
+        else:
+            gathered += gathers(n_in * rows * dtype_bytes, rows * dtype_bytes, nnz)
         _add(loads, {"L1": nnz * rows * dtype_bytes})
     per_nonzero = 8 + dtype_bytes  # its two indices, and its output read back
     _add(loads, {_level(nnz * per_nonzero, caches): nnz * (8 * slices + dtype_bytes * (slices - 1))})
-    return roofline(rates, nnz * batch, loads)
+    return roofline(rates, nnz * batch, loads, gathered)
 
 
 def main():
@@ -229,6 +318,16 @@ def main():
         rates = measure(variant, args.threads)
         print(f"{variant:<10} {rates['madds'] / 1e9:>9.1f} "
               + " ".join(f"{rates[lvl] / 1e9:>12.1f}" for lvl in LEVELS))
+    # The gather probe at the sizes of the 4096-input layer's panels (16
+    # rows: 64-byte rows over 256 KiB) and SDDMM slices (128 rows: 512-byte
+    # rows over 2 MiB).
+    cases = {"64 B rows / 256 KiB": (1 << 18, 64), "512 B rows / 2 MiB": (1 << 21, 512)}
+    print("\nrows read at random (gather probe), GB/s")
+    print(f"{'variant':<10} " + " ".join(f"{case:>20}" for case in cases))
+    for variant in variants:
+        print(f"{variant:<10} " + " ".join(
+            f"{gather_rate(variant, args.threads, size, row) / 1e9:>20.1f}"
+            for size, row in cases.values()))
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <random>
 #include <thread>
 #include <vector>
 
@@ -72,6 +73,37 @@ float LoadPasses(const float* buffer, int64_t bytes, int64_t passes) {
   return sum[0];
 }
 
+// Reads `count` chunks of kVectors vectors of `buffer` at the chunk
+// offsets `chunks` (int32, streamed, as a kernel streams its nonzeros'
+// indices), into 8 independent chains: 8 / kVectors chunks a step for
+// chunks of 1, 2 or 4 vectors, 8 vectors a step of a chunk of a multiple
+// of 8 (kVectors = 0: `vectors` of them, a multiple of 8).
+template <int64_t kVectors>
+float GatherPasses(const float* buffer, const int32_t* chunks, int64_t count,
+                   int64_t vectors = kVectors) {
+  const Vec* v = reinterpret_cast<const Vec*>(buffer);
+  Vec acc[8] = {};
+  if constexpr (kVectors == 1 || kVectors == 2 || kVectors == 4) {
+    constexpr int64_t kStep = 8 / kVectors;
+    for (int64_t k = 0; k + kStep <= count; k += kStep) {
+      for (int64_t c = 0; c < kStep; ++c) {
+        const Vec* chunk = v + int64_t{chunks[k + c]} * kVectors;
+        for (int64_t q = 0; q < kVectors; ++q) acc[c * kVectors + q] += chunk[q];
+      }
+    }
+  } else {
+    for (int64_t k = 0; k < count; ++k) {
+      const Vec* chunk = v + int64_t{chunks[k]} * vectors;
+      for (int64_t q = 0; q + 8 <= vectors; q += 8) {
+        for (int u = 0; u < 8; ++u) acc[u] += chunk[q + u];
+      }
+    }
+  }
+  Vec sum = {};
+  for (const Vec& a : acc) sum += a;
+  return sum[0];
+}
+
 volatile float sink;
 
 }  // namespace
@@ -105,6 +137,50 @@ double roofline_load_bytes_per_second(int threads, int64_t bytes,
   });
   for (auto* buffer : buffers) std::free(buffer);
   return threads * static_cast<double>(bytes) * passes / seconds;
+}
+
+// Gather bandwidth in bytes per second: each of `threads` threads reads
+// `chunk_bytes`-byte chunks (1, 2 or 4 vectors, or a multiple of 8; aligned
+// to their size; -1 for other sizes) at
+// random offsets (uniform, seeded) over its own buffer of `bytes` bytes,
+// `count` of them, the offsets streamed from an int32 array: the access of
+// a kernel that reads a row of a transposed panel or slice per nonzero.
+// Unlike roofline_load_bytes_per_second's streams, no hardware prefetcher
+// can fetch the next chunk ahead.
+double roofline_gather_bytes_per_second(int threads, int64_t bytes,
+                                        int64_t chunk_bytes, int64_t count) {
+  const int64_t chunk_vectors = chunk_bytes / sizeof(Vec);
+  if (chunk_bytes % sizeof(Vec) != 0 ||
+      !(chunk_vectors == 1 || chunk_vectors == 2 || chunk_vectors == 4 ||
+        (chunk_vectors > 0 && chunk_vectors % 8 == 0)) ||
+      bytes < chunk_bytes) {
+    return -1;
+  }
+  const int64_t chunks_in_buffer = bytes / chunk_bytes;
+  std::vector<float*> buffers(threads);
+  std::vector<std::vector<int32_t>> offsets(threads);
+  for (int t = 0; t < threads; ++t) {
+    buffers[t] = static_cast<float*>(std::aligned_alloc(64, bytes));
+    for (int64_t i = 0; i < bytes / 4; ++i) buffers[t][i] = 1e-3f * (i & 255);
+    std::mt19937 random(t + 1);
+    offsets[t].resize(count);
+    for (auto& offset : offsets[t]) {
+      offset = static_cast<int32_t>(random() % chunks_in_buffer);
+    }
+  }
+  auto run = [&](int t) {
+    const int32_t* chunks = offsets[t].data();
+    switch (chunk_vectors) {
+      case 1: sink = GatherPasses<1>(buffers[t], chunks, count); break;
+      case 2: sink = GatherPasses<2>(buffers[t], chunks, count); break;
+      case 4: sink = GatherPasses<4>(buffers[t], chunks, count); break;
+      default: sink = GatherPasses<0>(buffers[t], chunks, count, chunk_vectors);
+    }
+  };
+  Parallel(threads, run);  // warm-up: the buffer into its level
+  const double seconds = Parallel(threads, run);
+  for (auto* buffer : buffers) std::free(buffer);
+  return threads * static_cast<double>(count) * chunk_bytes / seconds;
 }
 
 }  // extern "C"

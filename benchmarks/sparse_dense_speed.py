@@ -27,8 +27,10 @@ bound of its kernels on this machine (benchmarks/roofline.py) with the
 fraction of it SparseDense achieves: of the whole call, and of each of the
 three kernels of a training step (forward SpMM, input-gradient SpMM, SDDMM)
 alone, timed inside one graph without TensorFlow's per-call cost
-(benchmarks/kernel_time.py); with several batches, the curve of all of them
-at the end.
+(benchmarks/kernel_time.py), against both bounds: with the rows the kernels
+read at random charged at the caches' stream rates (the tighter: the
+targets' bound) and at the gather probe's rate (the rate of that access on
+this CPU); with several batches, the curve of all of them at the end.
 """
 
 import argparse
@@ -190,10 +192,12 @@ def fastest_run(fn, repeats):
     return min(times)
 
 
-def kernel_bounds(sparse_names, pattern, batch):
+def kernel_bounds(sparse_names, pattern, batch, gathers=False):
     """The roofline bound of each kernel of a training step, per SparseDense variant.
 
-    Measures each variant's rates once (``roofline.measure``).
+    Measures each variant's rates once (``roofline.measure``). With
+    ``gathers``, the bounds that charge the rows the kernels read at random
+    at the gather probe's rate (``roofline.gather_seconds``) instead.
 
     Returns:
       dict name -> {"forward" | "input gradient" | "SDDMM": (bound seconds,
@@ -207,11 +211,13 @@ def kernel_bounds(sparse_names, pattern, batch):
         if variant not in rates_of:
             rates_of[variant] = roofline.measure(variant, os.cpu_count())
         rates = rates_of[variant]
+        by = {"gathers": roofline.gather_seconds(variant, os.cpu_count())} if gathers else {}
         bounds[name] = {
-            "forward": roofline.spmm_bound(rates, variant, batch, n_in, units, pattern.nnz),
+            "forward": roofline.spmm_bound(rates, variant, batch, n_in, units, pattern.nnz,
+                                           **by),
             "input gradient": roofline.spmm_bound(rates, variant, batch, units, n_in,
-                                                  pattern.nnz),
-            "SDDMM": roofline.sddmm_bound(rates, batch, n_in, units, pattern.nnz),
+                                                  pattern.nnz, **by),
+            "SDDMM": roofline.sddmm_bound(rates, batch, n_in, units, pattern.nnz, **by),
         }
     return bounds
 
@@ -239,7 +245,8 @@ def rooflines(bounds_of, train, infer, fastest):
     return bounds
 
 
-def kernel_rooflines(bounds_of, variant_of, pattern, values, batch, repeats):
+def kernel_rooflines(bounds_of, gather_bounds_of, variant_of, pattern, values, batch,
+                     repeats):
     """The three kernels of a training step, each alone (kernel_time.py), against their bounds.
 
     The forward SpMM with its bias, the input gradient ``dy @ W^T`` (the SpMM
@@ -253,10 +260,12 @@ def kernel_rooflines(bounds_of, variant_of, pattern, values, batch, repeats):
     and printed too.
 
     Args:
-      bounds_of: ``kernel_bounds``'s result; variant_of: dict name -> variant.
+      bounds_of: ``kernel_bounds``'s result; gather_bounds_of: the same with
+        ``gathers=True``; variant_of: dict name -> variant.
 
     Returns:
-      dict name -> {kernel: (seconds, bound seconds, binding resource)}.
+      dict name -> {kernel: (seconds, bound seconds, binding resource,
+      gather bound seconds)}.
     """
     n_in, units = pattern.shape
     rng = np.random.default_rng(batch + 1)
@@ -285,7 +294,8 @@ def kernel_rooflines(bounds_of, variant_of, pattern, values, batch, repeats):
     seconds = kernel_time.per_op_seconds(
         {f"{name} {kernel}": op for (name, kernel), op in ops.items()}, repeats)
     print("each kernel alone (benchmarks/kernel_time.py: run 11 times in one graph call, "
-          "less once; without TensorFlow's per-call cost), fraction = bound / its time")
+          "less once; without TensorFlow's per-call cost), fraction = bound / its time; "
+          "then the bound with the rows read at random charged at the gather probe's rate")
     for name in bounds_of:
         in_order = seconds[f"{name} input gradient in order"]
         print(f"  {name} input gradient as the layer runs it (nonzeros permuted in the op): "
@@ -296,9 +306,12 @@ def kernel_rooflines(bounds_of, variant_of, pattern, values, batch, repeats):
         found[name] = {}
         for kernel, (bound, binding) in by_kernel.items():
             time_taken = seconds[f"{name} {kernel}"]
-            found[name][kernel] = (time_taken, bound, binding)
+            gather_bound, gather_binding = gather_bounds_of[name][kernel]
+            found[name][kernel] = (time_taken, bound, binding, gather_bound)
             print(f"  {name} {kernel:<15} {time_taken * 1e3:8.3f} ms, bound "
-                  f"{bound * 1e3:.3f} ms ({binding}): {bound / time_taken:.0%}")
+                  f"{bound * 1e3:.3f} ms ({binding}): {bound / time_taken:.0%}; gather bound "
+                  f"{gather_bound * 1e3:.3f} ms ({gather_binding}): "
+                  f"{gather_bound / time_taken:.0%}")
     print()
     return found
 
@@ -365,7 +378,8 @@ def run_batch(args, batch, matrix, pattern, values):
     used_by_name = {name: used for name, (_, used) in sparse.items()}
     bounds_of = kernel_bounds(used_by_name, pattern, batch)
     bounds = rooflines(bounds_of, train, infer, fastest)
-    alone = kernel_rooflines(bounds_of, used_by_name, pattern, values, batch, args.repeats)
+    alone = kernel_rooflines(bounds_of, kernel_bounds(used_by_name, pattern, batch, gathers=True),
+                             used_by_name, pattern, values, batch, args.repeats)
     for name in sparse:
         print_targets(name, train, infer, batch, bounds.get(name), alone.get(name))
     print()
@@ -389,9 +403,11 @@ def print_curve(curve):
                   f"{infer['SciPy CSR (1 thread)'] / infer[name + ' signature']:5.2f}x SciPy; eager "
                   f"{infer[name + ' eager'] * 1e3:8.3f} ms, "
                   f"{infer['SciPy CSR (1 thread)'] / infer[name + ' eager']:5.2f}x SciPy; "
-                  f"training step {train[name] * 1e3:8.3f} ms; alone (of bound): "
-                  + ", ".join(f"{kernel} {taken * 1e3:.3f} ms ({bound / taken:.0%})"
-                              for kernel, (taken, bound, _) in alone[name].items()))
+                  f"training step {train[name] * 1e3:8.3f} ms; alone (of bound, of gather "
+                  f"bound): "
+                  + ", ".join(f"{kernel} {taken * 1e3:.3f} ms ({bound / taken:.0%}, "
+                              f"{gathered / taken:.0%})"
+                              for kernel, (taken, bound, _, gathered) in alone[name].items()))
 
 
 def main():
@@ -415,9 +431,12 @@ def main():
     # has run anything. Measured after the timings, the first variant's L2
     # rate came out half the usual in 2 of 6 runs here (its bound 0.86 ms
     # instead of 0.42-0.45); measured first, in none of 6.
-    for variant in chosen_variants(args.isa):
-        if (variant or kernels.isa()) is not None:
-            roofline.measure(variant or kernels.isa(), os.cpu_count())
+    measured = {v: v for v in (variant or kernels.isa() for variant in chosen_variants(args.isa))
+                if v is not None}
+    for variant in measured:
+        roofline.measure(variant, os.cpu_count())
+    for batch in args.batch:  # the gather probes (roofline.gather_rate keeps them) too
+        kernel_bounds(measured, pattern, batch, gathers=True)
     curve = {batch: run_batch(args, batch, matrix, pattern, values) for batch in args.batch}
     if len(curve) > 1:
         print_curve(curve)
@@ -436,7 +455,8 @@ def print_table(title, results, sparse):
 def print_targets(name, train, infer, batch, bound, alone=None):
     """The issue's targets; those of batch 256 for every batch of 256 or more.
 
-    ``alone``: {kernel: (seconds, bound seconds, binding)} of kernel_rooflines.
+    ``alone``: {kernel: (seconds, bound seconds, binding, gather bound seconds)}
+    of kernel_rooflines. The targets are on the stream bounds (the tighter).
     """
     scipy = infer["SciPy CSR (1 thread)"] / infer[name]
     targets = [
@@ -455,7 +475,7 @@ def print_targets(name, train, infer, batch, bound, alone=None):
         if bound is not None:
             targets.append(("inference (the whole call) >= 40% of its roofline bound",
                             bound[0] / infer[name], 0.4))
-        for kernel, (taken, kernel_bound, _) in (alone or {}).items():
+        for kernel, (taken, kernel_bound, _, _) in (alone or {}).items():
             targets.append((f"{kernel} kernel alone >= 40% of its roofline bound",
                             kernel_bound / taken, 0.4))
     for target, ratio, goal in targets:
