@@ -147,12 +147,16 @@ def gather_rate(variant, threads, working_set, chunk_bytes):
 def gather_seconds(variant, threads):
     """``(working set, row bytes, rows) -> seconds``: reading ``rows`` rows at random.
 
-    Each row costs what the gather probe's chunk for it (``probe_chunk_bytes``)
-    costs at ``gather_rate``: the ``gathers`` argument of the bounds.
+    Each row's bytes at the rate ``gather_rate`` measures for its chunk
+    (``probe_chunk_bytes``), a row smaller than a vector as a whole vector
+    (its cache line is read either way): the ``gathers`` argument of the
+    bounds.
     """
+    vector = VARIANT_FLAGS[variant][0] * 4
+
     def seconds(working_set, row_bytes, rows):
-        chunk = probe_chunk_bytes(variant, row_bytes)
-        return rows * chunk / gather_rate(variant, threads, working_set, row_bytes)
+        rate = gather_rate(variant, threads, working_set, row_bytes)
+        return rows * max(row_bytes, vector) / rate
 
     return seconds
 
