@@ -140,27 +140,28 @@ double roofline_load_bytes_per_second(int threads, int64_t bytes,
 }
 
 // Gather bandwidth in bytes per second: each of `threads` threads reads
-// `chunk_bytes`-byte chunks (1, 2 or 4 vectors, or a multiple of 8; aligned
-// to their size; -1 for other sizes) at
-// random offsets (uniform, seeded) over its own buffer of `bytes` bytes,
-// `count` of them, the offsets streamed from an int32 array: the access of
-// a kernel that reads a row of a transposed panel or slice per nonzero.
-// Unlike roofline_load_bytes_per_second's streams, no hardware prefetcher
-// can fetch the next chunk ahead.
+// `count` (a multiple of 8) chunks of `chunk_bytes` bytes (1, 2 or 4
+// vectors, or a multiple of 8; aligned to their size; -1 for other sizes)
+// at random offsets (uniform, seeded) over its own buffer of `bytes` bytes,
+// the offsets streamed from an int32 array: the access of a kernel that
+// reads a row of a transposed panel or slice per nonzero. Unlike
+// roofline_load_bytes_per_second's streams, no hardware prefetcher can
+// fetch the next chunk ahead.
 double roofline_gather_bytes_per_second(int threads, int64_t bytes,
                                         int64_t chunk_bytes, int64_t count) {
   const int64_t chunk_vectors = chunk_bytes / sizeof(Vec);
   if (chunk_bytes % sizeof(Vec) != 0 ||
       !(chunk_vectors == 1 || chunk_vectors == 2 || chunk_vectors == 4 ||
         (chunk_vectors > 0 && chunk_vectors % 8 == 0)) ||
-      bytes < chunk_bytes) {
+      bytes < chunk_bytes || count % 8 != 0) {
     return -1;
   }
   const int64_t chunks_in_buffer = bytes / chunk_bytes;
   std::vector<float*> buffers(threads);
   std::vector<std::vector<int32_t>> offsets(threads);
   for (int t = 0; t < threads; ++t) {
-    buffers[t] = static_cast<float*>(std::aligned_alloc(64, bytes));
+    // aligned_alloc takes a multiple of the alignment.
+    buffers[t] = static_cast<float*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64));
     for (int64_t i = 0; i < bytes / 4; ++i) buffers[t][i] = 1e-3f * (i & 255);
     std::mt19937 random(t + 1);
     offsets[t].resize(count);

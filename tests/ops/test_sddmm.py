@@ -7,7 +7,7 @@ import tensorflow as tf
 from tfsparse.ops import kernels
 from tfsparse.ops import sddmm
 
-from kernel_paths import PATHS, VARIANTS, _variant_marks
+from kernel_paths import PATHS, VARIANTS, variant_marks
 
 
 
@@ -106,16 +106,16 @@ def _products_in_vectors(a, b, width, steps):
 
 
 @pytest.mark.parametrize("variant, batch", [
-    pytest.param("avx512", 32, marks=_variant_marks("avx512")),
-    pytest.param("avx2", 16, marks=_variant_marks("avx2")),
-    pytest.param("portable", 16, marks=[*_variant_marks("portable"), pytest.mark.skipif(
+    pytest.param("avx512", 32, marks=variant_marks("avx512")),
+    pytest.param("avx2", 16, marks=variant_marks("avx2")),
+    pytest.param("portable", 16, marks=[*variant_marks("portable"), pytest.mark.skipif(
         platform.machine() not in ("x86_64", "AMD64"), reason="SSE2 sums: x86-64 only")]),
 ])
 def test_four_nonzeros_at_a_time_add_their_lanes_in_the_variants_order(variant, batch):
     # Dot4 sums four nonzeros' vectors at once (Sum4 on AVX-512 and AVX2):
     # each sum must be, bit for bit, that of the variant's one-vector
     # reduction, emulated here in float32 NumPy. One step of two vectors
-    # (two on the portable variant's 4 lanes) covers the batch, so no
+    # covers the batch (two steps of the portable variant's 4 lanes), so no
     # multiply-add chain is longer than one product (whose rounding is the
     # same fused or not), except the portable variant's second step, which
     # is a product then a sum there as here. 64 nonzeros: all in fours.
