@@ -38,6 +38,12 @@ VARIANT_FLAGS = {
     "avx512": (16, ["-mavx512f", "-mavx512dq", "-mavx512bw", "-mavx512vl", "-mavx2", "-mfma"]),
 }
 LEVELS = ("L1", "L2", "L3", "memory")
+SPMM_FEW_ROWS = 3  # kFewRows in tfsparse/ops/kernels/spmm_variant.inc: no panel up to it
+
+
+def _vector_bytes(variant):
+    """Bytes in one of ``variant``'s float vectors."""
+    return VARIANT_FLAGS[variant][0] * 4
 
 
 def cache_sizes():
@@ -110,7 +116,7 @@ def probe_chunk_bytes(variant, chunk_bytes):
     panel rows on AVX-512, is one vector: its cache line is read either
     way), in the counts the probe unrolls: 1, 2, 4 or a multiple of 8.
     """
-    vector = VARIANT_FLAGS[variant][0] * 4
+    vector = _vector_bytes(variant)
     vectors = max(1, -(-chunk_bytes // vector))
     if vectors > 4:
         vectors = -(-vectors // 8) * 8
@@ -152,7 +158,7 @@ def gather_seconds(variant, threads):
     (its cache line is read either way): the ``gathers`` argument of the
     bounds.
     """
-    vector = VARIANT_FLAGS[variant][0] * 4
+    vector = _vector_bytes(variant)
 
     def seconds(working_set, row_bytes, rows):
         rate = gather_rate(variant, threads, working_set, row_bytes)
@@ -214,12 +220,12 @@ def roofline(rates, madds, loads, gathered=None):
 def spmm_panel_rows(variant, batch, n_in, caches, dtype_bytes=4):
     """The batch rows per panel the SpMM kernel uses (spmm_variant.inc).
 
-    Batches of up to 3 rows read ``x`` itself (SpmmFewRows): one "panel" of
-    exactly ``batch`` rows. 32-row panels only while one (``n_in * 32``
+    Batches of up to SPMM_FEW_ROWS rows read ``x`` itself (SpmmFewRows): one
+    "panel" of exactly ``batch`` rows. 32-row panels only while one (``n_in * 32``
     floats) takes at most a quarter of the core's L2 (``caches["L2"]``, as
     ``cache_sizes`` gives it; cache_size.h).
     """
-    if batch <= 3:
+    if batch <= SPMM_FEW_ROWS:
         return batch
     l2 = caches.get("L2", 1 << 21)  # the kernels' kAssumedL2Bytes if unknown
     if dtype_bytes == 4 and batch >= 32 and variant != "portable" and n_in * 32 * 4 <= l2 // 4:
@@ -250,7 +256,7 @@ def spmm_bound(rates, variant, batch, n_in, units, nnz, dtype_bytes=4, gathers=N
     if gathers is None:
         loads = _random_reads(n_in * panel_rows * dtype_bytes, panel_reads, caches)
     else:
-        if batch <= 3:  # no panel: each nonzero reads one element of each row of x
+        if batch <= SPMM_FEW_ROWS:  # no panel: each nonzero reads an element of each row of x
             gathered = gathers(n_in * batch * dtype_bytes, dtype_bytes, nnz * batch)
         else:
             gathered = gathers(n_in * panel_rows * dtype_bytes, panel_rows * dtype_bytes,
