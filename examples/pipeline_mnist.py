@@ -128,9 +128,12 @@ def main():
     if args.horovod:
         # Each process partitions its own stage; rank 0 gathers and prints the
         # reports (horovodrun can drop a rank's last output lines as it exits).
+        # The plan follows the measured costs, so a stage may hold no
+        # SparseDense layer (only the Dense classifier): it says so.
         mine = [f"rank {rank}: stage {stage} partitioned into "
                 + ", ".join(f"{p.k} parts ({p.volume} words per sample)" for p in parts)
                 for stage, parts in model.pipeline.partitions().items()]
+        mine = mine or [f"rank {rank}: stage {rank} holds no SparseDense layer to partition"]
         for report in hvd.allgather_object(mine):
             for line in report:
                 say(line)
