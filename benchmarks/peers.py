@@ -2,12 +2,15 @@
 
     make peers      # builds .venv-peers (PyTorch 2.13.0 CPU, SparseProp), then runs this
     python benchmarks/peers.py [--size 4096] [--per-column 32] [--batches 256 8]
-        [--rounds 2] [--repeats 30] [--peers-python .venv-peers/bin/python]
+        [--rounds 3] [--repeats 100] [--peers-python .venv-peers/bin/python]
 
 The same layer (a random kernel, ``--per-column`` nonzeros per column,
 float32) in every candidate: tfsparse's SparseDense on every kernel variant
 the CPU supports, SparseProp's ``SparseLinear`` (PyTorch, CPU), a
-``torch.sparse`` CSR product and SciPy's CSR product. TensorFlow and PyTorch
+``torch.sparse`` CSR product and SciPy's CSR product. SparseDense's
+inference is timed in both forms a server calls: a ``tf.function`` (Python
+dispatch on every call) and a SavedModel's serving signature (a concrete
+function); each gets its own verdict. TensorFlow and PyTorch
 cannot share one process (each brings its own thread pools and OpenMP), so
 each framework's candidates run in a worker process of its own, interleaved
 among themselves (medians), and the two workers take turns for ``--rounds``
@@ -57,7 +60,10 @@ def tfsparse_candidates(matrix, batch):
     """``{(row, name): callable}``: SparseDense on each variant, and SciPy."""
     import tensorflow as tf  # noqa: PLC0415 (only in the tfsparse worker)
 
-    from sparse_dense_speed import serving_function, sparse_dense_on, train_step_fn  # noqa: PLC0415
+    from sparse_dense_speed import serving_function  # noqa: PLC0415
+    from sparse_dense_speed import signature_function  # noqa: PLC0415
+    from sparse_dense_speed import sparse_dense_on  # noqa: PLC0415
+    from sparse_dense_speed import train_step_fn  # noqa: PLC0415
     from tfsparse.ops import kernels  # noqa: PLC0415
 
     size = matrix.shape[0]
@@ -67,8 +73,11 @@ def tfsparse_candidates(matrix, batch):
     for variant in kernels.supported_isas() or (None,):
         layer, used = sparse_dense_on(variant, size, matrix, x)
         name = f"tfsparse SparseDense [{used or 'TF fallback'}]"
-        predict = serving_function(used, layer, x)
-        candidates[("inference", name)] = lambda f=predict: np.asarray(f())
+        # Inference in both forms a server calls: a tf.function (Python
+        # dispatch on every call) and a SavedModel's serving signature.
+        for form, make in (("tf.function", serving_function), ("signature", signature_function)):
+            predict = make(used, layer, x)
+            candidates[("inference", f"{name} {form}")] = lambda f=predict: np.asarray(f())
         candidates[("training step", name)] = train_step_fn(layer, x, tf.constant(target), used)
     return candidates
 
@@ -180,8 +189,10 @@ def main():
     parser.add_argument("--size", type=int, default=4096)
     parser.add_argument("--per-column", type=int, default=32)
     parser.add_argument("--batches", type=int, nargs="+", default=[256, 8])
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--repeats", type=int, default=30)
+    # At batch 8 here, SparseDense's medians of 30 calls spread by up to 31%
+    # over two rounds; of 100 calls, by up to 7% over three.
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=100)
     parser.add_argument("--peers-python", default=str(DEFAULT_PEERS_PYTHON))
     parser.add_argument("--worker", choices=("tfsparse", "torch"), help=argparse.SUPPRESS)
     parser.add_argument("--matrix", help=argparse.SUPPRESS)

@@ -291,6 +291,30 @@ def test_compiled_kernel_rejects_a_long_unsorted_segment_list(variant, position)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("position", [0, 13, 38, 67, 70])  # in 16-index blocks and the tail
+@pytest.mark.parametrize("bad", [9, 2**31 - 1, -1, -2**31])
+def test_compiled_kernel_names_the_first_index_outside_the_input(variant, position, bad):
+    # 71 indices: four blocks of 16 and a tail of 7 for the vectorized
+    # check of every variant. A valid array whose largest index (8) sits at
+    # `position` passes; the same with `bad` there names it.
+    rng = np.random.default_rng(position)
+    idx = rng.integers(0, 8, 71).astype(np.int32)
+    idx[position] = 8
+    seg = np.repeat(np.arange(10), [7] * 9 + [8]).astype(np.int32)
+    x = rng.standard_normal((3, 9)).astype(np.float32)
+    values = rng.standard_normal(71).astype(np.float32)
+    kernel = np.zeros((9, 10))
+    np.add.at(kernel, (idx, seg), values)
+    # float32 sums of at most 8 products of O(1) terms: well within 1e-5.
+    np.testing.assert_allclose(kernels.spmm(x, values, idx, seg, 10).numpy(), x @ kernel,
+                               rtol=1e-5, atol=1e-5)
+    idx[position] = bad
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=rf"idx\[{position}\]={bad} is outside \[0, 9\)"):
+        kernels.spmm(x, values, idx, seg, 10)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_compiled_kernel_takes_the_nonzeros_in_a_given_order(variant, dtype):
     # The input gradient dy @ W^T from W's column-major pattern and its
