@@ -1,5 +1,15 @@
 """A kernel op's own time, without TensorFlow's cost of calling a function.
 
+    python benchmarks/kernel_time.py [--size 4096] [--per-column 32]
+        [--batch 8 256] [--isa default|all|avx512|avx2|portable]
+        [--iterations 1000] [--repeats 9]
+
+As a script: SparseDense's forward op (``kernels.spmm`` with its pattern and
+bias, as the layer runs it: the per-call checks of the pattern included) on
+a random layer, each variant's loop interleaved with the others', ms per
+op. With ``PYTHONPATH=<another checkout>`` it times that checkout's tfsparse
+(build its kernels there first): an A/B of two revisions on one machine.
+
 Calling a ``tf.function`` costs a fixed time whatever it computes (on this
 project's 2-core VMs 0.6-1.2 ms: dispatch in Python, and a wait for an
 inter-op thread to finish the call), which at batch 256 is as long as the
@@ -20,6 +30,7 @@ Example:
   ['add']
 """
 
+import argparse
 import contextlib
 
 import numpy as np
@@ -71,3 +82,43 @@ def per_op_seconds(ops, repeats, iterations=11):
     medians = interleaved_medians(loops, repeats=repeats)
     return {name: (medians[f"{name} x{iterations}"] - medians[f"{name} x1"]) / (iterations - 1)
             for name in ops}
+
+
+def main():
+    from timing import add_isa_argument, describe_machine, isas_to_run  # noqa: PLC0415
+    from tfsparse.ops import SparsityPattern  # noqa: PLC0415
+    from tfsparse.ops import kernels  # noqa: PLC0415
+
+    parser = argparse.ArgumentParser(description="SparseDense's forward op alone, per variant")
+    parser.add_argument("--size", type=int, default=4096)
+    parser.add_argument("--per-column", type=int, default=32)
+    parser.add_argument("--batch", type=int, nargs="+", default=[8, 256])
+    parser.add_argument("--iterations", type=int, default=1000)
+    parser.add_argument("--repeats", type=int, default=9)
+    add_isa_argument(parser)
+    args = parser.parse_args()
+    if args.iterations < 2:
+        parser.error(f"--iterations must be at least 2, received {args.iterations}")
+    variants = isas_to_run(args.isa)
+    if variants == [None]:
+        raise SystemExit("kernel_time.py times the compiled kernels, which are not built")
+    n = args.size
+    pattern = SparsityPattern.random((n, n), args.per_column / n, seed=0)
+    rng = np.random.default_rng(0)
+    values = (rng.standard_normal(pattern.nnz) / np.sqrt(args.per_column)).astype(np.float32)
+    bias = rng.standard_normal(n).astype(np.float32)
+    print(f"{n}x{n}, {args.per_column} nonzeros per column; {describe_machine(variants)}; "
+          f"tfsparse from {kernels.__file__}; loops of {args.iterations}, medians of "
+          f"{args.repeats}")
+    for batch in args.batch:
+        x = rng.standard_normal((batch, n)).astype(np.float32)
+        ops = {variant: (lambda x, v, r, c, b: kernels.spmm(x, v, r, c, n, b),
+                         (x, values, pattern.rows, pattern.cols, bias), variant)
+               for variant in variants}
+        seconds = per_op_seconds(ops, args.repeats, args.iterations)
+        print(f"batch {batch:>5}: " + ", ".join(f"{v} {s * 1e3:.4f} ms"
+                                               for v, s in seconds.items()), flush=True)
+
+
+if __name__ == "__main__":
+    main()
