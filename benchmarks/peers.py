@@ -10,8 +10,8 @@ the CPU supports, SparseProp's ``SparseLinear`` (PyTorch, CPU), a
 ``torch.sparse`` CSR product and SciPy's CSR product. SparseDense's
 inference is timed in both forms a server calls: a ``tf.function`` (Python
 dispatch on every call) and a SavedModel's serving signature (a concrete
-function); each gets its own verdict. TensorFlow and PyTorch
-cannot share one process (each brings its own thread pools and OpenMP), so
+function); each gets its own verdict. TensorFlow and PyTorch cannot share
+one process (each brings its own thread pools and OpenMP), so
 each framework's candidates run in a worker process of its own, interleaved
 among themselves (medians), and the two workers take turns for ``--rounds``
 rounds. Each worker also times SciPy's product: the reference that shows how
