@@ -2,6 +2,7 @@
 
     python benchmarks/call_warmth.py [--size 4096] [--per-column 32]
         [--batch 8 256] [--isa default|all|avx512|avx2|portable] [--calls 60]
+        [--intra-op-threads N]
 
 The side-by-side benchmarks (sparse_dense_speed.py, peers.py) interleave
 their candidates, so each call follows another candidate's work. This
@@ -18,7 +19,9 @@ concrete function of any batch) on each chosen kernel variant, the same
 signature's floor (returning ``x[:1]``), and SciPy's CSR product. It also
 times how late a thread blocked on an event starts after being signalled,
 when the signal follows 50 us or 5 ms of busy Python (the wake of an idle
-core). Prints medians in ms (us for the wake).
+core). Prints medians in ms (us for the wake). ``--intra-op-threads 1``
+runs the ops on one thread (TensorFlow's intra-op pool of one): the time a
+call would take if the second core never helped.
 """
 
 import argparse
@@ -102,9 +105,16 @@ def main():
     parser.add_argument("--per-column", type=int, default=32)
     parser.add_argument("--batch", type=int, nargs="+", default=[8, 256])
     parser.add_argument("--calls", type=int, default=60)
+    parser.add_argument("--intra-op-threads", type=int, default=0,
+                        help="TensorFlow's intra-op pool size; 0 (default) leaves its choice")
     add_isa_argument(parser)
     args = parser.parse_args()
+    if args.intra_op_threads < 0:
+        parser.error(f"--intra-op-threads must be 0 or more, received {args.intra_op_threads}")
     import tensorflow as tf  # noqa: PLC0415 (after the environment is set)
+
+    # Before any op runs: the pool is made once, at TensorFlow's first use.
+    tf.config.threading.set_intra_op_parallelism_threads(args.intra_op_threads)
 
     variants = isas_to_run(args.isa)
     n = args.size
@@ -112,8 +122,10 @@ def main():
     rng = np.random.default_rng(0)
     values = (rng.standard_normal(pattern.nnz) / np.sqrt(args.per_column)).astype(np.float32)
     matrix = pattern.to_scipy(values).tocsr()
+    threads = args.intra_op_threads or "TensorFlow's default"
     print(f"{n}x{n}, {args.per_column} nonzeros per column; {describe_machine(variants)}; "
-          f"medians of {args.calls} calls, garbage collector off\n")
+          f"intra-op threads: {threads}; medians of {args.calls} calls, garbage collector "
+          f"off\n")
     before = conditions()
     print(f"{'batch':>5} {'candidate':<38} " + " ".join(f"{c:>21}" for c in before))
     for batch in args.batch:
