@@ -35,8 +35,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 
 from sparse_dense_speed import first_row, signature_function, sparse_dense_on  # noqa: E402
-from timing import add_isa_argument, describe_machine, isas_to_run  # noqa: E402
-from tfsparse.ops import SparsityPattern  # noqa: E402
+from timing import add_isa_argument, describe_machine, isas_to_run, random_layer  # noqa: E402
 
 GAP_SECONDS = 5e-3
 
@@ -118,9 +117,8 @@ def main():
 
     variants = isas_to_run(args.isa)
     n = args.size
-    pattern = SparsityPattern.random((n, n), args.per_column / n, seed=0)
     rng = np.random.default_rng(0)
-    values = (rng.standard_normal(pattern.nnz) / np.sqrt(args.per_column)).astype(np.float32)
+    pattern, values = random_layer(n, args.per_column, rng)
     matrix = pattern.to_scipy(values).tocsr()
     threads = args.intra_op_threads or "TensorFlow's default"
     print(f"{n}x{n}, {args.per_column} nonzeros per column; {describe_machine(variants)}; "

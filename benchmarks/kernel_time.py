@@ -86,7 +86,7 @@ def per_op_seconds(ops, repeats, iterations=11):
 
 def main():
     from timing import add_isa_argument, describe_machine, isas_to_run  # noqa: PLC0415
-    from tfsparse.ops import SparsityPattern  # noqa: PLC0415
+    from timing import random_layer  # noqa: PLC0415
     from tfsparse.ops import kernels  # noqa: PLC0415
 
     parser = argparse.ArgumentParser(description="SparseDense's forward op alone, per variant")
@@ -103,9 +103,8 @@ def main():
     if variants == [None]:
         raise SystemExit("kernel_time.py times the compiled kernels, which are not built")
     n = args.size
-    pattern = SparsityPattern.random((n, n), args.per_column / n, seed=0)
     rng = np.random.default_rng(0)
-    values = (rng.standard_normal(pattern.nnz) / np.sqrt(args.per_column)).astype(np.float32)
+    pattern, values = random_layer(n, args.per_column, rng)
     bias = rng.standard_normal(n).astype(np.float32)
     print(f"{n}x{n}, {args.per_column} nonzeros per column; {describe_machine(variants)}; "
           f"tfsparse from {kernels.__file__}; loops of {args.iterations}, medians of "

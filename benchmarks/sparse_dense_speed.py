@@ -45,11 +45,11 @@ import tensorflow as tf  # noqa: E402
 
 from tfsparse._keras import keras  # noqa: E402
 from tfsparse.layers import SparseDense  # noqa: E402
-from tfsparse.ops import SparsityPattern, kernels_available, sparse_matmul  # noqa: E402
+from tfsparse.ops import kernels_available, sparse_matmul  # noqa: E402
 from tfsparse.ops import kernels  # noqa: E402
 import kernel_time  # noqa: E402
 import roofline  # noqa: E402
-from timing import cpu_model, interleaved_medians  # noqa: E402
+from timing import cpu_model, interleaved_medians, random_layer  # noqa: E402
 
 
 class TFSparseMatmulDense(keras.layers.Layer):
@@ -423,9 +423,7 @@ def main():
                              "the CPU supports side by side")
     args = parser.parse_args()
     n = args.size
-    pattern = SparsityPattern.random((n, n), args.per_column / n, seed=0)
-    rng = np.random.default_rng(0)
-    values = (rng.standard_normal(pattern.nnz) / np.sqrt(args.per_column)).astype(np.float32)
+    pattern, values = random_layer(n, args.per_column, np.random.default_rng(0))
     matrix = pattern.to_scipy(values)
     # The machine's rates (roofline.measure keeps them) before TensorFlow
     # has run anything. Measured after the timings, the first variant's L2

@@ -62,3 +62,19 @@ def describe_machine(isas):
     supported = ", ".join(kernels.supported_isas()) or "none (no compiled kernels)"
     timed = ", ".join(i for i in isas if i) or "the TensorFlow fallback"
     return f"CPU: {cpu_model()}; kernel variants supported: {supported}; timed: {timed}"
+
+
+def random_layer(size, per_column, rng):
+    """The benchmarks' layer: ``(pattern, values)`` of a ``size x size`` kernel.
+
+    A random ``SparsityPattern`` with ``per_column`` nonzeros per column
+    (seed 0) and float32 values drawn from ``rng``, scaled by
+    ``1 / sqrt(per_column)``; the caller's ``rng`` goes on to draw its inputs.
+    """
+    import numpy as np
+
+    from tfsparse.ops import SparsityPattern
+
+    pattern = SparsityPattern.random((size, size), per_column / size, seed=0)
+    values = (rng.standard_normal(pattern.nnz) / np.sqrt(per_column)).astype(np.float32)
+    return pattern, values
