@@ -111,6 +111,8 @@ def _products_in_vectors(a, b, width, steps):
     # nonzeros run in ranges of 32 (sddmm.cc, Blocks::SizeFor).
     pytest.param("avx512", 8, 256, marks=variant_marks("avx512")),
     pytest.param("avx2", 16, 64, marks=variant_marks("avx2")),
+    # Eight at a time on AVX2 (Dot8Batch8).
+    pytest.param("avx2", 8, 256, marks=variant_marks("avx2")),
     pytest.param("portable", 16, 64, marks=[*variant_marks("portable"), pytest.mark.skipif(
         platform.machine() not in ("x86_64", "AMD64"), reason="SSE2 sums: x86-64 only")]),
 ])
@@ -130,6 +132,10 @@ def test_four_nonzeros_at_a_time_add_their_lanes_in_the_variants_order(variant, 
         v = a * b + np.float32(0)  # a multiply-add onto +0: -0 products give +0
         quarters = v[:, 4:] + v[:, :4]
         pairs = quarters[:, :2] + quarters[:, 2:]
+    elif variant == "avx2" and batch == 8:
+        v = a * b + np.float32(0)
+        halves = v[:, :4] + v[:, 4:]
+        pairs = halves[:, :2] + halves[:, 2:]
     elif variant == "avx512":
         v = _products_in_vectors(a, b, 16, 1)
         halves = v[:, 8:] + v[:, :8]
