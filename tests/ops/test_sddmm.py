@@ -115,6 +115,10 @@ def _products_in_vectors(a, b, width, steps):
     pytest.param("avx2", 8, 256, marks=variant_marks("avx2")),
     pytest.param("portable", 16, 64, marks=[*variant_marks("portable"), pytest.mark.skipif(
         platform.machine() not in ("x86_64", "AMD64"), reason="SSE2 sums: x86-64 only")]),
+    # Four at a time on the portable variant at batch 8 (Dot4Batch8Sse2),
+    # each the sum of DotSse2's one chain.
+    pytest.param("portable", 8, 256, marks=[*variant_marks("portable"), pytest.mark.skipif(
+        platform.machine() not in ("x86_64", "AMD64"), reason="SSE2 sums: x86-64 only")]),
 ])
 def test_four_nonzeros_at_a_time_add_their_lanes_in_the_variants_order(variant, batch, nnz):
     # Dot4 sums four nonzeros' vectors at once (Sum4 on AVX-512 and AVX2):
@@ -132,6 +136,9 @@ def test_four_nonzeros_at_a_time_add_their_lanes_in_the_variants_order(variant, 
         v = a * b + np.float32(0)  # a multiply-add onto +0: -0 products give +0
         quarters = v[:, 4:] + v[:, :4]
         pairs = quarters[:, :2] + quarters[:, 2:]
+    elif variant == "portable" and batch == 8:
+        v = a[:, :4] * b[:, :4] + a[:, 4:] * b[:, 4:]
+        pairs = v[:, :2] + v[:, 2:]
     elif variant == "avx2" and batch == 8:
         v = a * b + np.float32(0)
         halves = v[:, :4] + v[:, 4:]
