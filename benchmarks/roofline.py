@@ -42,13 +42,16 @@ VARIANT_FLAGS = {
 LEVELS = ("L1", "L2", "L3", "memory")
 SPMM_FEW_ROWS = 3  # kFewRows in tfsparse/ops/kernels/spmm_variant.inc: no panel up to it
 # Threads on cores of their own reach about `threads` times one thread's
-# multiply-adds; under SHARED_CORE_RATIO times, they shared a core while
-# measured (SMT siblings, or a hypervisor running idle vCPUs on one core: the
-# first of five runs of this script on the 2-core EPYC VM gave every rate at
-# half, avx512 128 Gmadd/s against 250-262), and the bounds would come out
+# multiply-adds and L1 and L2 loads (each core has its own); under
+# SHARED_CORE_RATIO times, they shared a core while measured (SMT siblings,
+# or a hypervisor running idle vCPUs on one core: the first of five runs of
+# this script on the 2-core EPYC VM gave every rate at half, avx512 128
+# Gmadd/s against 250-262; in one run of sparse_dense_speed.py only the L2
+# rate came out low, a third of the usual), and the bounds would come out
 # high. `measure` then measures again, up to SHARED_CORE_RETRIES times.
 SHARED_CORE_RATIO = 1.5
-SHARED_CORE_RETRIES = 2
+SHARED_CORE_RETRIES = 3
+PER_CORE = ("madds", "L1", "L2")
 
 
 def _vector_bytes(variant):
@@ -102,8 +105,8 @@ def measure(variant, threads):
     """Peak rates of ``variant`` on ``threads`` threads at once.
 
     Measured again (keeping each rate's best) while the threads reach under
-    ``SHARED_CORE_RATIO`` times one thread's multiply-adds, and a warning on
-    stderr if they still do.
+    ``SHARED_CORE_RATIO`` times one thread's rate of a per-core resource
+    (``PER_CORE``), and a warning on stderr if they still do.
 
     Returns:
       dict: ``"madds"`` multiply-adds per second; ``"L1"``, ``"L2"``,
@@ -111,30 +114,39 @@ def measure(variant, threads):
       reading its own buffer of half its L1 / half its L2 / 8 MiB / 256 MiB.
     """
     probes = _compile(variant)
-    rates = _measure_once(probes, threads)
+    rates = _measure_once(probes, threads, LEVELS)
     if threads == 1:
         return rates
-    single = _best_of(lambda: probes.roofline_madds_per_second(1, 2_000_000), repeats=3)
+    single = _measure_once(probes, 1, ("L1", "L2"))
+
+    def shared():
+        return [key for key in PER_CORE if rates[key] < SHARED_CORE_RATIO * single[key]]
+
     for _ in range(SHARED_CORE_RETRIES):
-        if rates["madds"] >= SHARED_CORE_RATIO * single:
+        if not shared():
             break
         time.sleep(1.0)
-        again = _measure_once(probes, threads)
+        again = _measure_once(probes, threads, LEVELS)
         rates = {key: max(rate, again[key]) for key, rate in rates.items()}
-    if rates["madds"] < SHARED_CORE_RATIO * single:
-        print(f"roofline: {threads} threads of {variant} reached {rates['madds'] / single:.2f}x "
-              "one thread's multiply-add rate: they shared a core while measured, so the "
-              "rates are low and the fractions of the bounds high", file=sys.stderr)
+    for key in shared():
+        print(f"roofline: {threads} threads of {variant} reached {rates[key] / single[key]:.2f}x "
+              f"one thread's {key} rate: they shared a core while measured, so that rate is "
+              "low and the fractions of the bounds it sets high", file=sys.stderr)
     return rates
 
 
-def _measure_once(probes, threads):
-    """``measure``'s rates from one round of the probes (best of a few runs each)."""
+def _measure_once(probes, threads, levels):
+    """``measure``'s rates of multiply-adds and loads from ``levels``, in one round.
+
+    Each the best of a few runs. The buffers: half of L1, half of L2, 8 MiB,
+    and 256 MiB or more for memory (twice L3 over the threads).
+    """
     caches = cache_sizes()
     sizes = {"L1": caches["L1"] // 2, "L2": caches["L2"] // 2, "L3": 8 << 20,
              "memory": max(256 << 20, 2 * caches.get("L3", 0) // threads)}
     rates = {"madds": _best_of(lambda: probes.roofline_madds_per_second(threads, 2_000_000))}
-    for level, size in sizes.items():
+    for level in levels:
+        size = sizes[level]
         passes = max(1, (256 << 20) // size) if level != "memory" else 2
         rates[level] = _best_of(
             lambda size=size, passes=passes: probes.roofline_load_bytes_per_second(
