@@ -197,6 +197,24 @@ def test_slices_are_the_sums_of_each_slice_added_in_order(variant, dtype, slice_
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
+def test_a_batch_of_one_gives_each_product_rounded_once(variant):
+    # One row: each sum is one float32 product (sddmm_variant.inc: gathers
+    # on AVX-512 and AVX2, 16 or 8 at a time; 203 nonzeros leave a tail).
+    x_t, dy_t, rows, cols, _ = _case(np.float32, n_in=300, n_out=40, batch=1, nnz=203)
+    np.testing.assert_array_equal(kernels.sddmm(x_t, dy_t, rows, cols).numpy(),
+                                  x_t[rows, 0] * dy_t[cols, 0])
+    # A last slice of one row adds its products onto the sums so far:
+    # 40000 float32 inputs take slices of 16 rows (sddmm.cc, SliceRows),
+    # so a batch of 17 ends with one.
+    x_t, dy_t, rows, cols, _ = _case(np.float32, n_in=40000, n_out=40, batch=17, nnz=203)
+    got = kernels.sddmm(np.ascontiguousarray(x_t.T), np.ascontiguousarray(dy_t.T),
+                        rows, cols, batch_major=True).numpy()
+    first = kernels.sddmm(np.ascontiguousarray(x_t[:, :16]), np.ascontiguousarray(dy_t[:, :16]),
+                          rows, cols).numpy()
+    np.testing.assert_array_equal(got, first + x_t[rows, 16] * dy_t[cols, 16])
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
 def test_prefetching_the_rows_of_a_large_x_leaves_the_sums_unchanged(variant):
     # The op prefetches the rows of x ahead of the products when x takes
     # more than half of the core's L2 (sddmm.cc; on AVX2 and the portable
