@@ -48,7 +48,8 @@ SPMM_FEW_ROWS = 3  # kFewRows in tfsparse/ops/kernels/spmm_variant.inc: no panel
 # this script on the 2-core EPYC VM gave every rate at half, avx512 128
 # Gmadd/s against 250-262; in one run of sparse_dense_speed.py only the L2
 # rate came out low, a third of the usual), and the bounds would come out
-# high. `measure` then measures again, up to SHARED_CORE_RETRIES times.
+# high. `measure` and `gather_rate` (over working sets that fit a core's L2)
+# then measure again, up to SHARED_CORE_RETRIES times.
 SHARED_CORE_RATIO = 1.5
 SHARED_CORE_RETRIES = 3
 PER_CORE = ("madds", "L1", "L2")
@@ -114,24 +115,38 @@ def measure(variant, threads):
       reading its own buffer of half its L1 / half its L2 / 8 MiB / 256 MiB.
     """
     probes = _compile(variant)
-    rates = _measure_once(probes, threads, LEVELS)
     if threads == 1:
-        return rates
+        return _measure_once(probes, 1, LEVELS)
     single = _measure_once(probes, 1, ("L1", "L2"))
+    return _checked_for_shared_cores(
+        f"{threads} threads of {variant}", lambda: _measure_once(probes, threads, LEVELS),
+        {key: single[key] for key in PER_CORE})
+
+
+def _checked_for_shared_cores(who, measure_rates, single_rates):
+    """``measure_rates()``, measured again while it looks as if its threads shared a core.
+
+    That is while a rate named in ``single_rates`` (one thread's) is under
+    ``SHARED_CORE_RATIO`` times it: up to ``SHARED_CORE_RETRIES`` times,
+    keeping each rate's best, then a warning on stderr naming ``who`` and
+    the rates still low.
+    """
+    rates = measure_rates()
 
     def shared():
-        return [key for key in PER_CORE if rates[key] < SHARED_CORE_RATIO * single[key]]
+        return [key for key, single in single_rates.items()
+                if rates[key] < SHARED_CORE_RATIO * single]
 
     for _ in range(SHARED_CORE_RETRIES):
         if not shared():
             break
         time.sleep(1.0)
-        again = _measure_once(probes, threads, LEVELS)
+        again = measure_rates()
         rates = {key: max(rate, again[key]) for key, rate in rates.items()}
     for key in shared():
-        print(f"roofline: {threads} threads of {variant} reached {rates[key] / single[key]:.2f}x "
-              f"one thread's {key} rate: they shared a core while measured, so that rate is "
-              "low and the fractions of the bounds it sets high", file=sys.stderr)
+        print(f"roofline: {who} reached {rates[key] / single_rates[key]:.2f}x one thread's "
+              f"{key} rate: they shared a core while measured, so that rate is low and the "
+              "fractions of the bounds it sets high", file=sys.stderr)
     return rates
 
 
@@ -177,7 +192,9 @@ def gather_rate(variant, threads, working_set, chunk_bytes):
     Each of ``threads`` threads reads a million chunks (``probe_chunk_bytes``)
     at random offsets of its own buffer of ``working_set`` bytes (at least
     one chunk), the offsets streamed as int32: a kernel's reads of a
-    transposed panel's or slice's rows, one per nonzero. Best of 3 runs.
+    transposed panel's or slice's rows, one per nonzero. Best of 3 runs;
+    over a working set that fits a core's L2, checked against one thread's
+    rate as ``measure`` checks its rates.
 
     Example (builds the probes with g++; about a second):
       >>> rate = gather_rate("portable", 1, 1 << 18, 64)
@@ -187,8 +204,17 @@ def gather_rate(variant, threads, working_set, chunk_bytes):
     probes = _compile(variant)
     chunk = probe_chunk_bytes(variant, chunk_bytes)
     working_set = max(working_set, chunk) // chunk * chunk
-    rate = _best_of(lambda: probes.roofline_gather_bytes_per_second(
-        threads, working_set, chunk, 1 << 20), repeats=3)
+
+    def rates(threads):
+        return {"gather": _best_of(lambda: probes.roofline_gather_bytes_per_second(
+            threads, working_set, chunk, 1 << 20), repeats=3)}
+
+    if threads > 1 and working_set <= cache_sizes()["L2"]:
+        rate = _checked_for_shared_cores(
+            f"{threads} threads of {variant} reading {chunk}-byte rows over "
+            f"{working_set >> 10} KiB", lambda: rates(threads), rates(1))["gather"]
+    else:
+        rate = rates(threads)["gather"]
     if rate <= 0:
         raise ValueError(f"gather probe: chunk of {chunk} bytes over {working_set} bytes "
                          f"is not a size it reads (variant {variant!r})")
