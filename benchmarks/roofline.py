@@ -205,16 +205,16 @@ def gather_rate(variant, threads, working_set, chunk_bytes):
     chunk = probe_chunk_bytes(variant, chunk_bytes)
     working_set = max(working_set, chunk) // chunk * chunk
 
-    def rates(threads):
+    def rates_on(thread_count):
         return {"gather": _best_of(lambda: probes.roofline_gather_bytes_per_second(
-            threads, working_set, chunk, 1 << 20), repeats=3)}
+            thread_count, working_set, chunk, 1 << 20), repeats=3)}
 
     if threads > 1 and working_set <= cache_sizes()["L2"]:
         rate = _checked_for_shared_cores(
             f"{threads} threads of {variant} reading {chunk}-byte rows over "
-            f"{working_set >> 10} KiB", lambda: rates(threads), rates(1))["gather"]
+            f"{working_set >> 10} KiB", lambda: rates_on(threads), rates_on(1))["gather"]
     else:
-        rate = rates(threads)["gather"]
+        rate = rates_on(threads)["gather"]
     if rate <= 0:
         raise ValueError(f"gather probe: chunk of {chunk} bytes over {working_set} bytes "
                          f"is not a size it reads (variant {variant!r})")
