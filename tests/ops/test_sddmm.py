@@ -86,6 +86,11 @@ def test_nonzeros_sharing_a_column_give_the_sums_they_give_apart(variant, dtype,
     assert np.all(np.abs(shared_sums - expected) <= bound)
 
 
+# The portable variant's SSE2 sums: their order is emulated on x86-64 only.
+SSE2_ONLY = pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"),
+                               reason="SSE2 sums: x86-64 only")
+
+
 def _products_in_vectors(a, b, width, steps):
     """The two chains of Dot4 (sddmm_variant.inc) of one float32 dot product.
 
@@ -113,12 +118,10 @@ def _products_in_vectors(a, b, width, steps):
     pytest.param("avx2", 16, 64, marks=variant_marks("avx2")),
     # Eight at a time on AVX2 (Dot8Batch8).
     pytest.param("avx2", 8, 256, marks=variant_marks("avx2")),
-    pytest.param("portable", 16, 64, marks=[*variant_marks("portable"), pytest.mark.skipif(
-        platform.machine() not in ("x86_64", "AMD64"), reason="SSE2 sums: x86-64 only")]),
+    pytest.param("portable", 16, 64, marks=[*variant_marks("portable"), SSE2_ONLY]),
     # Four at a time on the portable variant at batch 8 (Dot4Batch8Sse2),
     # each the sum of DotSse2's one chain.
-    pytest.param("portable", 8, 256, marks=[*variant_marks("portable"), pytest.mark.skipif(
-        platform.machine() not in ("x86_64", "AMD64"), reason="SSE2 sums: x86-64 only")]),
+    pytest.param("portable", 8, 256, marks=[*variant_marks("portable"), SSE2_ONLY]),
 ])
 def test_four_nonzeros_at_a_time_add_their_lanes_in_the_variants_order(variant, batch, nnz):
     # Dot4 sums four nonzeros' vectors at once (Sum4 on AVX-512 and AVX2):
