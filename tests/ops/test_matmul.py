@@ -275,7 +275,7 @@ def test_compiled_kernel_builds_column_pointers_over_runs_and_gaps(variant):
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
-@pytest.mark.parametrize("position", [5, 21, 38])
+@pytest.mark.parametrize("position", [0, 5, 21, 38])  # 0: the first entry past units
 def test_compiled_kernel_rejects_a_long_unsorted_segment_list(variant, position):
     seg = np.arange(40, dtype=np.int32)
     idx = np.zeros(40, np.int32)
@@ -285,7 +285,7 @@ def test_compiled_kernel_rejects_a_long_unsorted_segment_list(variant, position)
     with pytest.raises(tf.errors.InvalidArgumentError, match="sorted and in"):
         kernels.spmm(x, values, idx, descending, 40)
     huge = seg.copy()
-    huge[position] = 2**30  # out of range in the middle: rejected, nothing written past the end
+    huge[position] = 2**30  # out of range, first or inside: rejected, nothing written past ptr
     with pytest.raises(tf.errors.InvalidArgumentError, match="sorted and in"):
         kernels.spmm(x, values, idx, huge, 40)
 
