@@ -117,3 +117,28 @@ def test_kernels_loaded_after_xla_has_compiled_still_compile():
                             timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip().endswith("ok")
+
+
+@pytest.mark.parametrize("jit_compile", [False, True])
+@pytest.mark.parametrize("input_shape, dy_shape", [
+    ([1, -5, 3, 1], [1, 0, 1, 2]),  # a negative size: TensorShape aborted the process
+    ([2**31 - 1, 2**31 - 1, 1, 2**31 - 1], [2**31 - 1, 2**31 - 3, 0, 2]),  # past int64
+    ([1, 5, 5], [1, 3, 3, 2]),
+])
+def test_input_gradient_rejects_an_input_shape_it_cannot_allocate(jit_compile, input_shape,
+                                                                  dy_shape):
+    # The raw op with an input_shape no tensor can have. Run eagerly it gets
+    # the dy that input_shape implies (no elements to read), which the op
+    # accepted before allocating. Compiled, the check is at compile time and
+    # any dy will do (XLA itself crashes on an empty tensor with dimensions
+    # as large as the second case's).
+    def input_gradient(dy):
+        return kernels._library().tfsparse_sparse_conv_backprop_input(
+            dy=dy, values=tf.zeros([0]), rows=tf.zeros([0], tf.int32),
+            cols=tf.zeros([0], tf.int32), input_shape=tf.constant(input_shape, tf.int32),
+            filters=2, kernel_size=[3, 3], strides=[1, 1], dilations=[1, 1], padding="VALID")
+
+    dy = tf.zeros([1, 3, 3, 2] if jit_compile else dy_shape)
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"input_shape must be 4 sizes >= 0 whose product fits int64, got \["):
+        tf.function(input_gradient, jit_compile=jit_compile)(dy)

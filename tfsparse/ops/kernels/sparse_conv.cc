@@ -275,10 +275,10 @@ class ConvCall {
     // x's shape: given to the input gradient, else x's own.
     const std::vector<int64_t>& shape =
         pass_ == Pass::kBackpropInput ? in_.input_shape : in_.x.shape;
-    if (shape.size() != 4) {
-      return errors::InvalidArgument(pass_ == Pass::kBackpropInput
-                                         ? "input_shape must have 4 elements"
-                                         : "x must be 4-D [B, H, W, C]");
+    if (pass_ == Pass::kBackpropInput) {
+      TF_RETURN_IF_ERROR(CheckInputShape(shape));
+    } else if (shape.size() != 4) {
+      return errors::InvalidArgument("x must be 4-D [B, H, W, C]");
     }
     batch_ = shape[0];
     channels_ = shape[3];
@@ -717,6 +717,18 @@ absl::Status ConvSettingsFromAttrs(OpKernelConstruction* ctx, ConvSettings* sett
   return MakeConvSettings(isa, filters, padding, pairs, settings);
 }
 
+absl::Status CheckInputShape(const std::vector<int64_t>& input_shape) {
+  bool valid = input_shape.size() == 4;
+  int64_t elements = 1;
+  for (const int64_t size : input_shape) {
+    valid = valid && size >= 0 && !__builtin_mul_overflow(elements, size, &elements);
+  }
+  if (valid) return absl::OkStatus();
+  return errors::InvalidArgument(
+      "input_shape must be 4 sizes >= 0 whose product fits int64, got [",
+      absl::StrJoin(input_shape, ", "), "]");
+}
+
 std::vector<int64_t> ForwardOutputShape(const ConvSettings& settings,
                                         const std::vector<int64_t>& x_shape) {
   const auto& k = settings.pairs;
@@ -829,7 +841,7 @@ class SparseConvOp : public OpKernel {
       in.values = ViewOf<T>(ctx->input(1));
       const Tensor& shape = ctx->input(4);
       OP_REQUIRES(ctx, shape.dims() == 1,
-                  errors::InvalidArgument("input_shape must have 4 elements"));
+                  errors::InvalidArgument("input_shape must be a vector of 4 sizes"));
       for (int d = 0; d < shape.NumElements(); ++d) in.input_shape.push_back(shape.flat<int32>()(d));
     } else {
       in.x = ViewOf<T>(ctx->input(0));

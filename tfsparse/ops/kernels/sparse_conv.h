@@ -75,6 +75,10 @@ struct ConvWorkers {
       parallel_for;
 };
 
+// OK when `input_shape` (the input gradient's: x's shape) is 4 sizes >= 0
+// whose product fits int64, else an error naming it.
+absl::Status CheckInputShape(const std::vector<int64_t>& input_shape);
+
 // The forward pass's output shape [B, OH, OW, filters] for x of `x_shape`.
 std::vector<int64_t> ForwardOutputShape(const ConvSettings& settings,
                                         const std::vector<int64_t>& x_shape);

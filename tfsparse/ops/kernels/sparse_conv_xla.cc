@@ -239,8 +239,7 @@ class SparseConvXlaOp : public XlaOpKernel {
       target = tfsparse::conv::kForwardTarget;
     } else if (pass_ == Pass::kBackpropInput) {
       OP_REQUIRES_OK(ctx, ctx->ConstantInputAsIntVector(4, &shape));
-      OP_REQUIRES(ctx, shape.size() == 4,
-                  errors::InvalidArgument("input_shape must have 4 elements"));
+      OP_REQUIRES_OK(ctx, tfsparse::conv::CheckInputShape(shape));
       target = tfsparse::conv::kBackpropInputTarget;
     } else {
       const int64_t nnz = ctx->InputShape(2).num_elements();
