@@ -191,3 +191,22 @@ def test_variables_of_the_wrong_shape_or_a_stage_count_out_of_range_raise(varian
                        match=r"stage count must lie in \[0, 7\] when it adapts, got 9"):
         sidco_select_adaptive(g, 0.01, tf.Variable(9), adaptation, "exponential", max_stages=MAX_STAGES)
     np.testing.assert_array_equal(adaptation.numpy(), state)  # unchanged
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("sample_chunk, sample_chunks", [(2**40, 2**40), (0, 4096), (16, -1)])
+def test_sample_sizes_out_of_range_are_an_error_in_both_ops(variant, sample_chunk, sample_chunks):
+    # 2**40 * 2**40 wrapped to 0, the divisor of the sample's stride: the
+    # process died of SIGFPE when the sampled count ran (more than
+    # exact_count_limit elements).
+    g = tf.constant(np.random.default_rng(16).laplace(size=1_000).astype(np.float32))
+    sample = dict(exact_count_limit=10, sample_chunk=sample_chunk, sample_chunks=sample_chunks)
+    message = (r"sample_chunk and sample_chunks must be positive with a product that fits int64, "
+               fr"got {sample_chunk} and {sample_chunks}")
+    with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+        kernels.sidco(g, tf.constant(1), tf.constant(0.1, tf.float64),
+                      tf.constant(0.1, tf.float64), "gamma", True, **sample)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+        kernels.sidco_adaptive(g, tf.Variable(1), tf.Variable(initial_adaptation(MAX_STAGES)),
+                               0.1, 0.1, "gamma", True, **sample, max_stages=MAX_STAGES,
+                               adapt_every=ADAPT_EVERY, band_low=0.8, band_high=1.2, memory=4)

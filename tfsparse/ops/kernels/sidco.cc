@@ -206,9 +206,13 @@ class SidcoOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("exact_count_limit", &exact_count_limit_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("sample_chunk", &sample_chunk_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("sample_chunks", &sample_chunks_));
-    OP_REQUIRES(ctx, sample_chunk_ >= 1 && sample_chunks_ >= 1,
+    int64_t sampled = 0;  // their product, the divisor of the sample's stride
+    OP_REQUIRES(ctx, sample_chunk_ >= 1 && sample_chunks_ >= 1 &&
+                         !__builtin_mul_overflow(sample_chunk_, sample_chunks_, &sampled),
                 errors::InvalidArgument("sample_chunk and sample_chunks must "
-                                        "be positive"));
+                                        "be positive with a product that fits "
+                                        "int64, got ", sample_chunk_, " and ",
+                                        sample_chunks_));
     Isa isa = Isa::kPortable;
     OP_REQUIRES_OK(ctx, tfsparse::IsaFromAttr(ctx, &isa));
     passes_ = PassesFor<T>(isa);
