@@ -8,6 +8,7 @@ import tensorflow as tf
 from kernel_paths import PATHS
 from kernel_paths import VARIANTS
 from tfsparse.ops import SparsityPattern
+from tfsparse.ops import kernels
 from tfsparse.ops.conv import sparse_conv2d
 
 
@@ -71,6 +72,43 @@ def test_output_and_gradients_equal_dense_conv2d(use_kernel, compile_with, strid
                                                  dilation, size, batch):
     _check_against_dense_conv2d(use_kernel, compile_with, strides, padding, dilation, size,
                                 batch, (3, 2, 3, 4))
+
+
+@pytest.mark.parametrize("use_kernel,compile_with", _RUNS)
+# An empty batch (the input gradient divided by it), and with "same",
+# dilated windows wider than the input (11 > 7 rows; 7 > 4) that pad past it.
+@pytest.mark.parametrize("padding,size,batch,dilation", [
+    ("valid", (7, 9), 0, 1), ("same", (7, 9), 0, 1), ("same", (7, 9), 2, 5),
+    ("same", (4, 4), 1, 3)])
+def test_empty_batches_and_windows_wider_than_the_input_equal_dense_conv2d(
+        use_kernel, compile_with, padding, size, batch, dilation):
+    _check_against_dense_conv2d(use_kernel, compile_with, 1, padding, dilation, size, batch,
+                                (3, 2, 3, 4))
+
+
+@pytest.mark.parametrize("use_kernel,compile_with", _RUNS)
+@pytest.mark.parametrize("size,dilation", [((7, 9), 5), ((4, 4), 3)])
+def test_valid_windows_wider_than_the_input_give_no_output_and_zero_gradients(
+        use_kernel, compile_with, size, dilation):
+    # tf.nn.conv2d raises for these (a negative output size); every path
+    # here gives the empty output, and x and the values feed nothing.
+    pattern, values = SparsityPattern.from_scipy(
+        scipy.sparse.csr_matrix(_kernel(3, 2, 3, 4).reshape(-1, 4)))
+    x = tf.constant(np.ones((2, *size, 3)), tf.float32)
+    values = tf.constant(values, tf.float32)
+
+    def run(x, values):
+        with tf.GradientTape() as tape:
+            tape.watch([x, values])
+            y = sparse_conv2d(x, values, pattern, (3, 2), (1, 1), "valid",
+                              (dilation, dilation), use_kernel=use_kernel)
+            total = tf.reduce_sum(y)
+        return y, tape.gradient(total, [x, values])
+
+    y, (dx, dvalues) = compile_with(run)(x, values)
+    assert y.shape[0] == 2 and y.shape[3] == 4 and y.shape[1] * y.shape[2] == 0
+    np.testing.assert_array_equal(dx.numpy(), np.zeros(x.shape))
+    np.testing.assert_array_equal(tf.convert_to_tensor(dvalues).numpy(), np.zeros(values.shape))
 
 
 @pytest.mark.parametrize("use_kernel", PATHS)
@@ -235,3 +273,38 @@ def test_values_gradient_reads_only_each_nonzeros_window(use_kernel):
     np.testing.assert_array_equal(np.sign(dvalues[~finite]), np.sign(expected[~finite]))
     # float32 sums of 2*4*5 = 40 products of O(1) terms.
     np.testing.assert_allclose(dvalues[finite], expected[finite], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_the_forward_op_on_an_input_without_channels_gives_the_bias(variant):
+    # No input channels, so no nonzeros: y is the bias (the op divided by the
+    # channel count). The raw op: a SparsityPattern has at least one row.
+    y = kernels._library().tfsparse_sparse_conv_forward(
+        tf.zeros([2, 5, 6, 0]), tf.zeros([0]), tf.zeros([0], tf.int32), tf.zeros([0], tf.int32),
+        tf.constant([1.0, -2.0, 0.5, 3.0]), filters=4, kernel_size=[3, 3], strides=[1, 1],
+        dilations=[1, 1], padding="SAME", isa=kernels.isa())
+    np.testing.assert_array_equal(y.numpy(), np.broadcast_to([1.0, -2.0, 0.5, 3.0], (2, 5, 6, 4)))
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("pass_name", ["forward", "backprop_input", "backprop_values"])
+def test_a_dilation_far_past_the_input_is_an_error_naming_it(variant, pass_name):
+    # A 2**30 dilation with "same" padding: each thread's planar copy of its
+    # input would be ~2**30 rows (the process crashed writing past a buffer).
+    # Each pass's op on its own ("same": dy has x's 5 x 5 pixels).
+    library = kernels._library()
+    rows, cols = tf.constant([0, 4, 17], tf.int32), tf.constant([0, 1, 2], tf.int32)
+    x, dy, values = tf.ones([1, 5, 5, 2]), tf.ones([1, 5, 5, 3]), tf.ones([3])
+    attrs = dict(filters=3, kernel_size=[3, 3], strides=[1, 1], dilations=[2**30, 1],
+                 padding="SAME", isa=kernels.isa())
+    passes = {
+        "forward": lambda: library.tfsparse_sparse_conv_forward(
+            x, values, rows, cols, tf.zeros([0]), **attrs),
+        "backprop_input": lambda: library.tfsparse_sparse_conv_backprop_input(
+            dy, values, rows, cols, tf.constant([1, 5, 5, 2]), **attrs),
+        "backprop_values": lambda: library.tfsparse_sparse_conv_backprop_values(
+            x, dy, rows, cols, **attrs),
+    }
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match="kernel_size and dilations: the dilated kernel needs a planar copy"):
+        passes[pass_name]()

@@ -51,8 +51,8 @@ def _why_not_xla(use_kernel):
 def _output_size_and_padding(size, kernel, stride, dilation, padding):
     """Output size and the padding before/after of one spatial axis, as Conv2D."""
     extent = (kernel - 1) * dilation + 1
-    if padding == "valid":
-        out = (size - extent) // stride + 1
+    if padding == "valid":  # no output where the window is wider than the input
+        out = tf.maximum((size - extent) // stride + 1, 0)
         return out, 0, 0
     out = (size + stride - 1) // stride
     total = tf.maximum((out - 1) * stride + extent - size, 0)

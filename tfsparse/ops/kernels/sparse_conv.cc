@@ -178,6 +178,21 @@ ScratchArray<T> Scratch(int64_t size) {
       static_cast<T*>(std::aligned_alloc(kAlign, (bytes + kAlign - 1) / kAlign * kAlign)));
 }
 
+// A pass's planar copy of its input for one thread: an error past 1 GiB
+// (only a dilated kernel far wider than its input needs that much), not an
+// allocation that fails or a size that overflows. The size in double: its
+// factors may each be near 2^62.
+template <typename T>
+absl::Status CheckScratch(const PlanarLayout& layout) {
+  const double bytes = static_cast<double>(layout.channels) * layout.phases * layout.rows *
+                       layout.pitch * sizeof(T);
+  if (bytes <= static_cast<double>(int64_t{1} << 30)) return absl::OkStatus();
+  return errors::InvalidArgument(
+      "kernel_size and dilations: the dilated kernel needs a planar copy of ", layout.rows,
+      " rows of ", layout.pitch, " elements per channel, ", bytes,
+      " bytes per thread, over the limit of 1 GiB");
+}
+
 // One spatial axis as Conv2D computes it: output size and padding before.
 struct Axis {
   int64_t in, out, kernel, stride, dilation, pad_before;
@@ -460,9 +475,18 @@ class ConvCall {
     }
     TF_ASSIGN_OR_RETURN(T* y, outputs_(0, {batch_, rows_.out, cols_.out, filters_}));
     if (batch_ == 0 || rows_.out == 0 || cols_.out == 0) return absl::OkStatus();
+    if (channels_ == 0) {  // no input channels, so no nonzeros: y is the bias
+      for (int64_t pixel = 0; pixel < batch_ * rows_.out * cols_.out; ++pixel) {
+        for (int64_t f = 0; f < filters_; ++f) {
+          y[pixel * filters_ + f] = bias.size() == 0 ? T(0) : bias.data[f];
+        }
+      }
+      return absl::OkStatus();
+    }
     const int64_t lanes = RunLanes<T>(isa_);
     const int64_t band = InterleavedBand(workers_.threads, lanes);
     const PlanarLayout layout = InterleavedLayout(band, lanes);
+    TF_RETURN_IF_ERROR(CheckScratch<T>(layout));
     const GroupedTerms<T> terms = InterleavedTerms(layout, lanes, in_.values.data);
     const int64_t span = (cols_.out + lanes - 1) / lanes * cols_.stride;
     const Fill fill = [&](const T* image, const Placement& here, T* planar) {
@@ -528,6 +552,9 @@ class ConvCall {
   // each unit's planar copy of dy serves all the phases.
   absl::Status BackpropInput() {
     TF_ASSIGN_OR_RETURN(T* dx, outputs_(0, {batch_, rows_.in, cols_.in, channels_}));
+    if (batch_ == 0 || rows_.in == 0 || cols_.in == 0 || channels_ == 0) {
+      return absl::OkStatus();  // nothing to write (Band divides by the batch)
+    }
     const T* values = in_.values.data;
     if (!std::all_of(values, values + nnz_, [](T v) { return v - v == T(0); })) {
       // The correlation multiplies the padding zeros by the values too:
@@ -543,6 +570,7 @@ class ConvCall {
     const int64_t lanes = RunLanes<T>(isa_);
     const PlanarLayout layout{filters_, 1, band + rows_window.span,
                               (cols_window.size + lanes - 1) / lanes * lanes + cols_window.span};
+    TF_RETURN_IF_ERROR(CheckScratch<T>(layout));
     std::vector<GroupedTerms<T>> terms;
     terms.reserve(ph.size() * pw.size());  // the targets view them
     std::vector<CorrelateTarget<T>> targets;
@@ -622,6 +650,8 @@ class ConvCall {
     const PlanarLayout x_layout = ForwardLayout(rows_.out, lanes);
     const PlanarLayout dy_layout{filters_, 1, rows_.out,
                                  (cols_.out + lanes - 1) / lanes * lanes};
+    if (nnz_ > 0) TF_RETURN_IF_ERROR(CheckScratch<T>(x_layout));
+    TF_RETURN_IF_ERROR(CheckScratch<T>(dy_layout));
     const GroupedTerms<T> grouped = ForwardTerms(x_layout, nullptr);
     const ConvTerms<T> terms = grouped.View();
     const int64_t groups =
