@@ -87,6 +87,39 @@ def test_empty_batches_and_windows_wider_than_the_input_equal_dense_conv2d(
 
 
 @pytest.mark.parametrize("use_kernel,compile_with", _RUNS)
+@pytest.mark.parametrize("padding", ["same", "valid"])
+@pytest.mark.parametrize("strides", [(7, 9), (1000, 1000)])
+def test_strides_as_long_as_the_input_or_longer_equal_dense_conv2d(use_kernel, compile_with,
+                                                                   padding, strides):
+    # One output pixel; the input gradient's stride phases past the input
+    # have no pixels of dx, and it no longer makes them.
+    _check_against_dense_conv2d(use_kernel, compile_with, strides, padding, 1, (7, 9), 2,
+                                (3, 2, 3, 4))
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_input_gradient_of_a_stride_of_2_to_the_31_equals_tensorflows_path(variant):
+    # It made one stride phase per row of the stride (2**31 - 1: the process
+    # crashed); now only the phases with pixels. The values gradient's
+    # planar copy would hold as many column phases: a clear error, above.
+    pattern, values = SparsityPattern.from_scipy(
+        scipy.sparse.csr_matrix(_kernel(3, 2, 3, 4).reshape(-1, 4)))
+    x = tf.constant(np.random.default_rng(3).standard_normal((2, 7, 9, 3)), tf.float32)
+    dy = tf.constant(np.random.default_rng(4).standard_normal((2, 1, 2, 4)), tf.float32)
+
+    def input_gradient(use_kernel):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = sparse_conv2d(x, tf.constant(values, tf.float32), pattern, (3, 2),
+                              (2**31 - 1, 5), "same", use_kernel=use_kernel)
+        return tape.gradient(y, x, output_gradients=dy).numpy()
+
+    # One output row of two pixels five apart: each element of dx sums at
+    # most the 4 filters' products of O(1) terms, float32: within 1e-5.
+    np.testing.assert_allclose(input_gradient(True), input_gradient(False), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("use_kernel,compile_with", _RUNS)
 @pytest.mark.parametrize("size,dilation", [((7, 9), 5), ((4, 4), 3)])
 def test_valid_windows_wider_than_the_input_give_no_output_and_zero_gradients(
         use_kernel, compile_with, size, dilation):
@@ -289,13 +322,13 @@ def test_the_forward_op_on_an_input_without_channels_gives_the_bias(variant):
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("pass_name", ["forward", "backprop_input", "backprop_values"])
 def test_a_dilation_far_past_the_input_is_an_error_naming_it(variant, pass_name):
-    # A 2**30 dilation with "same" padding: each thread's planar copy of its
+    # A 2**29 dilation with "same" padding: each thread's planar copy of its
     # input would be ~2**30 rows (the process crashed writing past a buffer).
     # Each pass's op on its own ("same": dy has x's 5 x 5 pixels).
     library = kernels._library()
     rows, cols = tf.constant([0, 4, 17], tf.int32), tf.constant([0, 1, 2], tf.int32)
     x, dy, values = tf.ones([1, 5, 5, 2]), tf.ones([1, 5, 5, 3]), tf.ones([3])
-    attrs = dict(filters=3, kernel_size=[3, 3], strides=[1, 1], dilations=[2**30, 1],
+    attrs = dict(filters=3, kernel_size=[3, 3], strides=[1, 1], dilations=[2**29, 1],
                  padding="SAME", isa=kernels.isa())
     passes = {
         "forward": lambda: library.tfsparse_sparse_conv_forward(
@@ -308,3 +341,17 @@ def test_a_dilation_far_past_the_input_is_an_error_naming_it(variant, pass_name)
     with pytest.raises(tf.errors.InvalidArgumentError,
                        match="kernel_size and dilations: the dilated kernel needs a planar copy"):
         passes[pass_name]()
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_a_dilated_kernel_past_int32_is_an_error_naming_it(variant):
+    # (2**20 - 1) * 2**20 + 1 pixels: the planar layouts' sizes overflowed
+    # int64 and the forward pass ran on (it did not return in 15 minutes).
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"kernel_size and dilations: the dilated kernel, \(kernel_size - 1\) "
+                             r"\* dilations \+ 1 = 1099510579201 pixels along axis 0, must be at "
+                             r"most 2\*\*31 - 1"):
+        kernels._library().tfsparse_sparse_conv_forward(
+            tf.ones([1, 4, 4, 2]), tf.zeros([0]), tf.zeros([0], tf.int32),
+            tf.zeros([0], tf.int32), tf.zeros([0]), filters=2, kernel_size=[2**20, 3],
+            strides=[1, 1], dilations=[2**20, 1], padding="SAME", isa=kernels.isa())

@@ -37,6 +37,7 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <limits>
 #include <vector>
 
 #if defined(__x86_64__) || defined(_M_X64)
@@ -563,8 +564,10 @@ class ConvCall {
       return absl::OkStatus();
     }
     std::vector<PhaseAxis> ph, pw;  // one source window for all: the widest
-    for (int64_t p = 0; p < rows_.stride; ++p) ph.emplace_back(rows_, p);
-    for (int64_t p = 0; p < cols_.stride; ++p) pw.emplace_back(cols_, p);
+    // Phases past the input have no pixels of dx: a stride as long as the
+    // input's side takes no more than it.
+    for (int64_t p = 0; p < std::min(rows_.stride, rows_.in); ++p) ph.emplace_back(rows_, p);
+    for (int64_t p = 0; p < std::min(cols_.stride, cols_.in); ++p) pw.emplace_back(cols_, p);
     const PhaseAxis rows_window = PhaseAxis::Union(ph), cols_window = PhaseAxis::Union(pw);
     const int64_t band = Band(rows_window.size, workers_.threads);
     const int64_t lanes = RunLanes<T>(isa_);
@@ -724,6 +727,16 @@ absl::Status MakeConvSettings(const std::string& isa, int64_t filters,
   for (int i = 0; i < 3; ++i) {
     if (pairs[i].size() != 2 || pairs[i][0] < 1 || pairs[i][1] < 1) {
       return errors::InvalidArgument(names[i], " must be two positive ints");
+    }
+  }
+  // Each axis's dilated extent in an int32 (as the pixels it spans), so the
+  // planar layouts' sizes stay far inside int64.
+  for (int axis = 0; axis < 2; ++axis) {
+    const int64_t extent = (pairs[0][axis] - 1) * pairs[2][axis] + 1;  // < 2^62
+    if (extent > std::numeric_limits<int32_t>::max()) {
+      return errors::InvalidArgument(
+          "kernel_size and dilations: the dilated kernel, (kernel_size - 1) * dilations + 1 = ",
+          extent, " pixels along axis ", axis, ", must be at most 2**31 - 1");
     }
   }
   settings->filters = filters;
