@@ -100,8 +100,9 @@ def test_strides_as_long_as_the_input_or_longer_equal_dense_conv2d(use_kernel, c
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_input_gradient_of_a_stride_of_2_to_the_31_equals_tensorflows_path(variant):
     # It made one stride phase per row of the stride (2**31 - 1: the process
-    # crashed); now only the phases with pixels. The values gradient's
-    # planar copy would hold as many column phases: a clear error, above.
+    # crashed); now only the phases with pixels. (A column stride that long
+    # would give the values gradient's planar copy as many column phases: an
+    # error naming kernel_size, strides and dilations.)
     pattern, values = SparsityPattern.from_scipy(
         scipy.sparse.csr_matrix(_kernel(3, 2, 3, 4).reshape(-1, 4)))
     x = tf.constant(np.random.default_rng(3).standard_normal((2, 7, 9, 3)), tf.float32)
@@ -339,7 +340,7 @@ def test_a_dilation_far_past_the_input_is_an_error_naming_it(variant, pass_name)
             x, dy, rows, cols, **attrs),
     }
     with pytest.raises(tf.errors.InvalidArgumentError,
-                       match="kernel_size and dilations: the dilated kernel needs a planar copy"):
+                       match="kernel_size, strides and dilations: each thread's planar copy"):
         passes[pass_name]()
 
 

@@ -34,10 +34,10 @@
 #include <cstdlib>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <string>
 #include <utility>
-#include <limits>
 #include <vector>
 
 #if defined(__x86_64__) || defined(_M_X64)
@@ -179,19 +179,24 @@ ScratchArray<T> Scratch(int64_t size) {
       static_cast<T*>(std::aligned_alloc(kAlign, (bytes + kAlign - 1) / kAlign * kAlign)));
 }
 
-// A pass's planar copy of its input for one thread: an error past 1 GiB
-// (only a dilated kernel far wider than its input needs that much), not an
+// A pass's planar copy of its source for one thread: an error when over
+// both 1 GiB and 64 times an image of the source (`image` elements; the
+// copy holds at most about one image, its rows padded to whole vectors of
+// up to 16 lanes and by the dilated kernel), so only a dilated kernel or a
+// stride far wider than its input is refused, not a large image; not an
 // allocation that fails or a size that overflows. The size in double: its
 // factors may each be near 2^62.
 template <typename T>
-absl::Status CheckScratch(const PlanarLayout& layout) {
+absl::Status CheckScratch(const PlanarLayout& layout, int64_t image) {
   const double bytes = static_cast<double>(layout.channels) * layout.phases * layout.rows *
                        layout.pitch * sizeof(T);
-  if (bytes <= static_cast<double>(int64_t{1} << 30)) return absl::OkStatus();
+  const double limit =
+      std::max(static_cast<double>(int64_t{1} << 30), 64.0 * image * sizeof(T));
+  if (bytes <= limit) return absl::OkStatus();
   return errors::InvalidArgument(
-      "kernel_size and dilations: the dilated kernel needs a planar copy of ", layout.rows,
-      " rows of ", layout.pitch, " elements per channel, ", bytes,
-      " bytes per thread, over the limit of 1 GiB");
+      "kernel_size, strides and dilations: each thread's planar copy of its input would take ",
+      bytes, " bytes (", layout.rows, " rows of ", layout.pitch,
+      " elements per channel), over 1 GiB and 64 times an image of that input");
 }
 
 // One spatial axis as Conv2D computes it: output size and padding before.
@@ -487,7 +492,7 @@ class ConvCall {
     const int64_t lanes = RunLanes<T>(isa_);
     const int64_t band = InterleavedBand(workers_.threads, lanes);
     const PlanarLayout layout = InterleavedLayout(band, lanes);
-    TF_RETURN_IF_ERROR(CheckScratch<T>(layout));
+    TF_RETURN_IF_ERROR(CheckScratch<T>(layout, rows_.in * cols_.in * channels_));
     const GroupedTerms<T> terms = InterleavedTerms(layout, lanes, in_.values.data);
     const int64_t span = (cols_.out + lanes - 1) / lanes * cols_.stride;
     const Fill fill = [&](const T* image, const Placement& here, T* planar) {
@@ -573,7 +578,7 @@ class ConvCall {
     const int64_t lanes = RunLanes<T>(isa_);
     const PlanarLayout layout{filters_, 1, band + rows_window.span,
                               (cols_window.size + lanes - 1) / lanes * lanes + cols_window.span};
-    TF_RETURN_IF_ERROR(CheckScratch<T>(layout));
+    TF_RETURN_IF_ERROR(CheckScratch<T>(layout, rows_.out * cols_.out * filters_));
     std::vector<GroupedTerms<T>> terms;
     terms.reserve(ph.size() * pw.size());  // the targets view them
     std::vector<CorrelateTarget<T>> targets;
@@ -653,8 +658,8 @@ class ConvCall {
     const PlanarLayout x_layout = ForwardLayout(rows_.out, lanes);
     const PlanarLayout dy_layout{filters_, 1, rows_.out,
                                  (cols_.out + lanes - 1) / lanes * lanes};
-    if (nnz_ > 0) TF_RETURN_IF_ERROR(CheckScratch<T>(x_layout));
-    TF_RETURN_IF_ERROR(CheckScratch<T>(dy_layout));
+    // (dy_layout is one image of dy, padded to whole vectors.)
+    if (nnz_ > 0) TF_RETURN_IF_ERROR(CheckScratch<T>(x_layout, rows_.in * cols_.in * channels_));
     const GroupedTerms<T> grouped = ForwardTerms(x_layout, nullptr);
     const ConvTerms<T> terms = grouped.View();
     const int64_t groups =
