@@ -117,7 +117,7 @@ def measure(variant, threads):
     probes = _compile(variant)
     if threads == 1:
         return _measure_once(probes, 1, LEVELS)
-    single = _measure_once(probes, 1, ("L1", "L2"))
+    single = _measure_once(probes, 1, [key for key in PER_CORE if key in LEVELS])
     return _checked_for_shared_cores(
         f"{threads} threads of {variant}", lambda: _measure_once(probes, threads, LEVELS),
         {key: single[key] for key in PER_CORE})

@@ -658,8 +658,10 @@ class ConvCall {
     const PlanarLayout x_layout = ForwardLayout(rows_.out, lanes);
     const PlanarLayout dy_layout{filters_, 1, rows_.out,
                                  (cols_.out + lanes - 1) / lanes * lanes};
+    const int64_t x_image = rows_.in * cols_.in * channels_;
+    const int64_t dy_image = rows_.out * cols_.out * filters_;
     // (dy_layout is one image of dy, padded to whole vectors.)
-    if (nnz_ > 0) TF_RETURN_IF_ERROR(CheckScratch<T>(x_layout, rows_.in * cols_.in * channels_));
+    if (nnz_ > 0) TF_RETURN_IF_ERROR(CheckScratch<T>(x_layout, x_image));
     const GroupedTerms<T> grouped = ForwardTerms(x_layout, nullptr);
     const ConvTerms<T> terms = grouped.View();
     const int64_t groups =
@@ -668,8 +670,6 @@ class ConvCall {
     std::vector<T> partial(groups * sums * lanes, T(0));  // [group][sum][lane]
     const T* x = in_.x.data;
     const T* dy = in_.dy.data;
-    const int64_t x_image = rows_.in * cols_.in * channels_;
-    const int64_t dy_image = rows_.out * cols_.out * filters_;
     const Placement x_at{1, 1, rows_.pad_before, cols_.pad_before, 0};
     const Placement dy_at{1, 1, 0, 0, 0};
     auto work = [&](int64_t begin, int64_t end) {
