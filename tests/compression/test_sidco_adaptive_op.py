@@ -210,3 +210,21 @@ def test_sample_sizes_out_of_range_are_an_error_in_both_ops(variant, sample_chun
         kernels.sidco_adaptive(g, tf.Variable(1), tf.Variable(initial_adaptation(MAX_STAGES)),
                                0.1, 0.1, "gamma", True, **sample, max_stages=MAX_STAGES,
                                adapt_every=ADAPT_EVERY, band_low=0.8, band_high=1.2, memory=4)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_a_sampled_tensor_shorter_than_a_chunk_is_counted_whole(variant):
+    # More than exact_count_limit elements, so the nonzero count is sampled,
+    # but fewer than sample_chunk: no chunk fitted, and the count was 0 / 0
+    # (NaN), which made the threshold NaN. It is now the exact count, so the
+    # op selects what it selects with the count exact.
+    rng = np.random.default_rng(17)
+    g = rng.laplace(size=1_000).astype(np.float32)
+    g[rng.random(1_000) < 0.3] = 0
+    args = (tf.constant(g), tf.constant(1), tf.constant(0.1, tf.float64),
+            tf.constant(0.1, tf.float64), "gamma", True)
+    sampled = kernels.sidco(*args, exact_count_limit=10, sample_chunk=4096, sample_chunks=4)
+    exact = kernels.sidco(*args, exact_count_limit=10**6, sample_chunk=4096, sample_chunks=4)
+    assert np.isfinite(float(exact[2])) and int(tf.size(exact[1])) > 0
+    for got, expected in zip(sampled, exact):
+        np.testing.assert_array_equal(got.numpy(), expected.numpy())

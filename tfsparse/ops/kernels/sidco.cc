@@ -549,8 +549,15 @@ class SidcoOp : public OpKernel {
   }
 
   // thresholds.nonzero_count above exact_count_limit: the nonzero fraction
-  // of evenly spaced chunks (odd stride), times the size.
+  // of evenly spaced chunks (odd stride), times the size. A tensor shorter
+  // than a chunk (an exact_count_limit below sample_chunk) has no chunk to
+  // sample, so it is counted whole.
   double SampledNonzero(const T* x, int64_t n) const {
+    if (n < sample_chunk_) {
+      int64_t nonzero = 0;
+      for (int64_t i = 0; i < n; ++i) nonzero += std::fabs(x[i]) != T(0) ? 1 : 0;
+      return static_cast<double>(nonzero);
+    }
     const int64_t stride =
         std::max<int64_t>(n / (sample_chunk_ * sample_chunks_), 1) / 2 * 2 + 1;
     int64_t seen = 0, nonzero = 0;
