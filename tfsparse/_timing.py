@@ -10,7 +10,7 @@ import time
 import numpy as np
 
 
-def interleaved_medians(candidates, repeats=30, warmup=3, seed=0):
+def interleaved_medians(candidates, repeats=30, warmup=3, seed=0, calls=1):
     """Times each zero-argument callable ``repeats`` times, round-robin.
 
     Interleaving exposes every candidate to the same background load, so the
@@ -21,6 +21,11 @@ def interleaved_medians(candidates, repeats=30, warmup=3, seed=0):
     As ``timeit`` does, Python's garbage collector is off while timing: a
     collection pass would land on whichever call happened to trigger it.
 
+    ``calls``: each turn calls the candidate that many times back to back
+    and keeps the last call's time. With 2 or more, a timed call follows a
+    call of the same candidate (its steady state, as a server calling one
+    model sees it), not whatever ran before it; the rounds still interleave.
+
     Returns:
       dict name -> median seconds.
 
@@ -29,6 +34,8 @@ def interleaved_medians(candidates, repeats=30, warmup=3, seed=0):
       >>> list(medians), medians["sum"] > 0
       (['sum'], True)
     """
+    if calls < 1:
+        raise ValueError(f"calls must be at least 1, received {calls}")
     for fn in candidates.values():
         for _ in range(warmup):
             fn()
@@ -42,9 +49,11 @@ def interleaved_medians(candidates, repeats=30, warmup=3, seed=0):
         for _ in range(repeats):
             for index in order.permutation(len(names)):
                 name = names[index]
-                start = time.perf_counter()
-                candidates[name]()
-                samples[name].append(time.perf_counter() - start)
+                for _ in range(calls):
+                    start = time.perf_counter()
+                    candidates[name]()
+                    taken = time.perf_counter() - start
+                samples[name].append(taken)
     finally:
         if was_enabled:
             gc.enable()
