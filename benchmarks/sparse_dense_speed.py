@@ -21,7 +21,10 @@ each batch size:
     batches the call, not the product, is most of the time. (A function
     returning its argument x itself measured 0.06 ms more as a tf.function
     and 0.28-0.34 ms more as a concrete function, at batch 8 and 256 here:
-    not a floor of the others.)
+    not a floor of the others.) The tf.function and signature forms, their
+    floors and SciPy are timed again in their steady state: each timed
+    call the second of two back to back, without the cost of switching
+    from the candidate before it.
 Prints times, ratios, the issue's targets, and for every variant the roofline
 bound of its kernels on this machine (benchmarks/roofline.py) with the
 fraction of it SparseDense achieves: of the whole call, and of each of the
