@@ -1,5 +1,7 @@
 """sparse_matmul against a dense NumPy reference on the masked kernel."""
 
+import collections
+
 import numpy as np
 import pytest
 import scipy.sparse
@@ -219,6 +221,40 @@ def test_compiled_kernel_rejects_a_malformed_pattern(variant):
         kernels.spmm(x, values, np.array([0, 1], np.int32), np.array([0, 2], np.int32), 2)
     with pytest.raises(tf.errors.InvalidArgumentError, match="differ in length"):
         kernels.spmm(x, values, np.array([0, 1], np.int32), np.array([0], np.int32), 2)
+
+
+@pytest.mark.parametrize("use_kernel", PATHS)
+@pytest.mark.parametrize("use_function", [False, True])
+def test_a_duck_typed_pattern_out_of_order_is_an_error_on_every_path(use_kernel, use_function):
+    # A pattern object that is not a SparsityPattern, its nonzeros in SciPy's
+    # row-major (CSR) order: TensorFlow's CSR conversion assumed column order
+    # without checking it and returned a wrong product (error up to 2.0).
+    Pattern = collections.namedtuple("Pattern", "rows cols row_major_order shape")
+    coo = scipy.sparse.random(5, 4, density=0.5, format="csr", rng=1).tocoo()
+    assert np.any(np.diff(coo.col) < 0)
+    rows, cols = coo.row.astype(np.int32), coo.col.astype(np.int32)
+    pattern = Pattern(rows, cols, np.arange(coo.nnz, dtype=np.int32), coo.shape)
+    x, values = np.ones((2, 5), np.float32), coo.data.astype(np.float32)
+    product = lambda x: sparse_matmul(x, values, pattern, use_kernel=use_kernel)  # noqa: E731
+    with pytest.raises(tf.errors.InvalidArgumentError, match="sorted"):
+        (tf.function(product) if use_function else product)(x)
+
+
+@pytest.mark.parametrize("use_kernel", PATHS)
+def test_a_wrong_row_major_order_is_an_error_in_the_input_gradient(use_kernel):
+    # Column order is right, so the product runs; row_major_order (which sorts
+    # the nonzeros by row for dx) is the identity, which does not.
+    Pattern = collections.namedtuple("Pattern", "rows cols row_major_order shape")
+    good, _ = SparsityPattern.from_scipy(_kernel((6, 4), 0.6, seed=3))
+    assert np.any(np.diff(good.rows) < 0)  # the identity does not sort them by row
+    pattern = Pattern(good.rows, good.cols, np.arange(good.nnz, dtype=np.int32), good.shape)
+    x = tf.ones((2, 6))
+    values = tf.ones(good.nnz)
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        y = sparse_matmul(x, values, pattern, use_kernel=use_kernel)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="sorted"):
+        tape.gradient(y, x)
 
 
 @pytest.mark.parametrize("use_kernel", PATHS)

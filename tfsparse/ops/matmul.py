@@ -31,7 +31,10 @@ def sparse_matmul(x, values, pattern, use_kernel=None, bias=None):
       values: float tensor ``[nnz]``, the nonzeros in pattern order.
       pattern: a ``SparsityPattern``, or any object with ``rows``, ``cols``,
         ``row_major_order`` (integer arrays, tensors or variables) and
-        ``shape`` ``(input_dim, units)``.
+        ``shape`` ``(input_dim, units)``, its nonzeros in the order a
+        ``SparsityPattern`` keeps: ``cols`` non-decreasing, and
+        ``row_major_order`` the permutation that sorts them by row. Another
+        order is an ``InvalidArgumentError`` when the product runs.
       use_kernel: ``True``/``False`` to force the compiled kernels or
         TensorFlow's own ops; ``None`` for ``use_compiled_kernels()``.
       bias: optional float tensor ``[units]`` added to every row; the
@@ -140,9 +143,24 @@ def _compiled_product(x, values, rows, cols, units, bias=None):
 
 def _csr_product(x, values, rows, cols, units, bias=None):
     """On TensorFlow's CSR kernels (CPU and GPU)."""
-    # K^T is [units, x.shape[1]], row-major because the nonzeros are sorted by cols.
+    # K^T is [units, x.shape[1]], row-major because the nonzeros are sorted by
+    # cols. TensorFlow's conversion assumes that order without checking it
+    # (out of order, the product is silently wrong), so it is checked here,
+    # as the compiled kernel checks it: a pattern that is not a
+    # SparsityPattern, or pattern weights set by hand, may be out of order.
+    cols = _sorted_segments(cols)
     indices = tf.cast(tf.stack([cols, rows], axis=1), tf.int64)
     dense_shape = tf.stack([tf.constant(units, tf.int64), tf.shape(x, out_type=tf.int64)[1]])
     kernel_t = _tf_internal.csr_from_sorted_coo(indices, values, dense_shape)
     y = _tf_internal.csr_matmul(kernel_t, x, transpose_b=True, transpose_output=True)
     return y if bias is None else tf.nn.bias_add(y, bias)
+
+
+def _sorted_segments(cols):
+    """``cols`` once checked non-decreasing (InvalidArgumentError otherwise)."""
+    message = ("the nonzeros must be sorted by their output index: pattern.cols "
+               "non-decreasing in pattern order (pattern.rows in row_major_order, "
+               "for the input gradient), as SparsityPattern keeps them")
+    check = tf.debugging.assert_greater_equal(cols[1:], cols[:-1], message=message)
+    with tf.control_dependencies([check]):
+        return tf.identity(cols)
