@@ -160,3 +160,16 @@ def test_clone_model_rebuilds_the_same_pattern(given):
     clone = keras.models.clone_model(model)
     np.testing.assert_array_equal(clone.layers[0].pattern_rows.numpy(), layer.pattern_rows.numpy())
     np.testing.assert_array_equal(clone.layers[0].pattern_cols.numpy(), layer.pattern_cols.numpy())
+
+
+def test_an_array_pattern_keeps_its_values_exactly_in_a_float64_layer():
+    # They went through float32: 1 + 1e-12 was rounded and 1e-50 dropped
+    # from the pattern (2 nonzeros instead of 3), as a scipy matrix never was.
+    kernel = np.zeros((1, 1, 3, 2))
+    kernel[0, 0, 0, 0], kernel[0, 0, 1, 1], kernel[0, 0, 2, 0] = 0.1, 1e-50, 1 + 1e-12
+    for pattern in (kernel, scipy.sparse.csr_matrix(kernel.reshape(3, 2))):
+        layer = SparseConv2D(2, 1, pattern=pattern, dtype="float64", use_bias=False)
+        y = layer(np.ones((1, 1, 1, 3))).numpy().ravel()
+        assert layer.nnz == 3
+        np.testing.assert_array_equal(y, [0.1 + (1 + 1e-12), 1e-50])
+

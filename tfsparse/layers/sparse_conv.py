@@ -126,7 +126,9 @@ class SparseConv2D(keras.layers.Layer, tfmot.sparsity.keras.PrunableLayer):
             if array.ndim != 4 or array.shape[:2] != (kh, kw) or array.shape[3] != self.filters:
                 raise invalid_value("pattern", expected,
                                     received=f"pattern of shape {array.shape}")
-            matrix = scipy.sparse.csr_matrix(array.reshape(-1, self.filters).astype(np.float32))
+            # In its own dtype: a float64 layer keeps float64 values exactly
+            # (through float32, 1 + 1e-12 rounded and 1e-50 became a zero).
+            matrix = scipy.sparse.csr_matrix(array.reshape(-1, self.filters))
             use_values = array.dtype != bool
         if matrix.ndim != 2 or matrix.shape[1] != self.filters or matrix.shape[0] % (kh * kw):
             raise invalid_value("pattern", expected, received=f"pattern of shape {matrix.shape}")
