@@ -121,11 +121,14 @@ def test_input_gradient_of_a_stride_of_2_to_the_31_equals_tensorflows_path(varia
 
 
 @pytest.mark.parametrize("use_kernel,compile_with", _RUNS)
-@pytest.mark.parametrize("size,dilation", [((7, 9), 5), ((4, 4), 3)])
+@pytest.mark.parametrize("size,dilation", [((7, 9), 5), ((4, 4), 3), ((2, 5), 1)])
+@pytest.mark.parametrize("strides", [(1, 1), (2, 2)])
 def test_valid_windows_wider_than_the_input_give_no_output_and_zero_gradients(
-        use_kernel, compile_with, size, dilation):
+        use_kernel, compile_with, size, dilation, strides):
     # tf.nn.conv2d raises for these (a negative output size); every path
-    # here gives the empty output, and x and the values feed nothing.
+    # here gives the empty output, and x and the values feed nothing. With
+    # strides, TensorFlow's path sliced a window for the first tap from a
+    # negative end (counted from the input's end): a shape error.
     pattern, values = SparsityPattern.from_scipy(
         scipy.sparse.csr_matrix(_kernel(3, 2, 3, 4).reshape(-1, 4)))
     x = tf.constant(np.ones((2, *size, 3)), tf.float32)
@@ -134,7 +137,7 @@ def test_valid_windows_wider_than_the_input_give_no_output_and_zero_gradients(
     def run(x, values):
         with tf.GradientTape() as tape:
             tape.watch([x, values])
-            y = sparse_conv2d(x, values, pattern, (3, 2), (1, 1), "valid",
+            y = sparse_conv2d(x, values, pattern, (3, 2), strides, "valid",
                               (dilation, dilation), use_kernel=use_kernel)
             total = tf.reduce_sum(y)
         return y, tape.gradient(total, [x, values])

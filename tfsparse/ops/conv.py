@@ -147,14 +147,17 @@ def sparse_conv2d(x, values, pattern, kernel_size, strides=(1, 1), padding="vali
     if padding == "same":
         x = tf.pad(x, [[0, 0], [top, bottom], [left, right], [0, 0]])
     tap_of = rows // cin
+    # The input rows and columns a tap's window spans; none for an empty
+    # output (unclamped, a negative end would count from the input's end).
+    span_h = tf.maximum((out_h - 1) * strides[0] + 1, 0)
+    span_w = tf.maximum((out_w - 1) * strides[1] + 1, 0)
     y = None
     for tap in range(kh * kw):
         i, j = divmod(tap, kw)
         window = tf.strided_slice(
             x,
             [0, i * dilation_rate[0], j * dilation_rate[1], 0],
-            [shape[0], i * dilation_rate[0] + (out_h - 1) * strides[0] + 1,
-             j * dilation_rate[1] + (out_w - 1) * strides[1] + 1, cin],
+            [shape[0], i * dilation_rate[0] + span_h, j * dilation_rate[1] + span_w, cin],
             [1, strides[0], strides[1], 1],
         )
         at = tf.reshape(tf.where(tf.equal(tap_of, tap)), [-1])  # column-major still
