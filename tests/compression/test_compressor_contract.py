@@ -96,6 +96,20 @@ def test_runs_inside_tf_function(name):
 
 
 @parametrize
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+@pytest.mark.parametrize("traced", [False, True])
+def test_a_non_finite_element_is_an_error(name, bad, traced):
+    # SIDCo sent 9,999 of 10,000 elements (its threshold 0) and left out the
+    # NaN; TopK and DGC left it out too; an Inf made SIDCo send it alone.
+    flat = laplace(10_000)
+    flat[123] = bad
+    compressor = COMPRESSORS[name]()
+    compress = tf.function(compressor.compress) if traced else compressor.compress
+    with pytest.raises(tf.errors.InvalidArgumentError, match="finite values"):
+        compress(tf.constant(flat))
+
+
+@parametrize
 def test_all_zero_gradient_sends_nothing_and_no_nan(name):
     compressor = COMPRESSORS[name]()
     zeros = tf.zeros([1000])

@@ -58,12 +58,28 @@ class Compressor(tf.Module):
         """Selects the elements of a 1-D float tensor to send.
 
         Args:
-            flat: 1-D floating-point tensor.
+            flat: 1-D floating-point tensor of finite values: NaN or Inf is
+                an `InvalidArgumentError` (a threshold or a top-k has no
+                meaning for them; `ErrorFeedback(..., nonfinite="skip")`
+                sends nothing for such a gradient instead).
 
         Returns:
             `(values, indices)`: 1-D tensors of the kept values (dtype of
             `flat`) and their positions (int32), of equal length.
         """
+        flat = self._checked(flat)
+        flat = tf.debugging.check_numerics(
+            flat, "Compressors take finite values; this tensor holds NaN or Inf")
+        values, indices = self._compress(flat)
+        return values, tf.cast(indices, INDEX_DTYPE)
+
+    def _compress_finite(self, flat):
+        """`compress` for a caller that has checked or replaced non-finite values itself."""
+        values, indices = self._compress(self._checked(flat))
+        return values, tf.cast(indices, INDEX_DTYPE)
+
+    def _checked(self, flat):
+        """``flat`` as a tensor, once its rank, dtype and size are checked."""
         flat = tf.convert_to_tensor(flat)
         if flat.shape.rank != 1:
             raise ValueError(
@@ -80,8 +96,7 @@ class Compressor(tf.Module):
                 f"Compressors index with int32; a tensor of {size} elements is too large. "
                 "Split it into parts of fewer than 2**31 elements."
             )
-        values, indices = self._compress(flat)
-        return values, tf.cast(indices, INDEX_DTYPE)
+        return flat
 
     def _compress(self, flat):
         raise NotImplementedError

@@ -96,7 +96,7 @@ class ErrorFeedback(tf.Module):
                 finite.append(is_finite)
             corrected.append(flat)
         buffer = corrected[0] if len(corrected) == 1 else tf.concat(corrected, 0)
-        values, indices = self.compressor.compress(buffer)
+        values, indices = self.compressor._compress_finite(buffer)  # noqa: SLF001 (checked above)
         left = buffer - self.compressor.decompress(values, indices, self.size)
         for i, (part, residual) in enumerate(zip(tf.split(left, self.sizes), self.residuals)):
             part = tf.reshape(part, residual.shape)
@@ -146,7 +146,7 @@ class ErrorFeedback(tf.Module):
         if self._nonfinite == "skip":
             is_finite = tf.reduce_all(tf.math.is_finite(gradient))
             flat = tf.where(is_finite, flat, tf.zeros_like(flat))
-        values, local = self.compressor.compress(flat)
+        values, local = self.compressor._compress_finite(flat)  # noqa: SLF001 (checked above)
         left = tf.reshape(flat - self.compressor.decompress(values, local, tf.size(flat)),
                           [-1] + row_shape.as_list())
         if self._nonfinite == "skip":
