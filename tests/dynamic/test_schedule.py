@@ -25,6 +25,13 @@ def test_unknown_decay_is_refused():
         drop_fraction_at(1, 0.3, 10, "step")
 
 
+@pytest.mark.parametrize("bad", [1.5, -0.2, float("nan"), True, "0.3"])
+def test_a_drop_fraction_outside_0_1_is_refused(bad):
+    # 1.5 was returned as the fraction to move, more nonzeros than there are.
+    with pytest.raises(ValueError, match=r'"drop_fraction", expected a float in \[0, 1\]'):
+        drop_fraction_at(1, bad, 10)
+
+
 SHAPES = [(784, 1024), (1024, 1024), (1024, 10)]
 
 
