@@ -17,7 +17,13 @@ stage refits on the elements above the previous threshold, shifted by their
 minimum (computed with masked sums over the whole tensor, `survivor_moments`,
 which is cheaper than compacting 25% of it). All estimators are
 scale-equivariant, so they run on ``|g|`` directly (the paper's normalisation
-by ``||g||_2`` would not change the selection). With ``exclude_zeros`` the
+by ``||g||_2`` would not change the selection). In floating point that holds
+while the squares of the magnitudes stay in the dtype's normal range (float32:
+magnitudes of about 1e-19 to 1e18): the sums of squares of the gpareto fit and
+of the later stages are taken in the input's dtype, so past that range the
+variance is lost and far too many or too few elements are kept (gpareto, one
+stage, 100,000 Laplace elements at ratio 0.01: 36,809 at a scale of 1e-20, 16
+at 1e18; exponential holds to 1e30). With ``exclude_zeros`` the
 first stage fits only the nonzero magnitudes and asks them for the same count
 (a departure from the paper, which fits exact zeros too).
 
