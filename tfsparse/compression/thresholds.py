@@ -17,13 +17,12 @@ stage refits on the elements above the previous threshold, shifted by their
 minimum (computed with masked sums over the whole tensor, `survivor_moments`,
 which is cheaper than compacting 25% of it). All estimators are
 scale-equivariant, so they run on ``|g|`` directly (the paper's normalisation
-by ``||g||_2`` would not change the selection). In floating point that holds
-while the squares of the magnitudes stay in the dtype's normal range (float32:
-magnitudes of about 1e-19 to 1e18): the sums of squares of the gpareto fit and
-of the later stages are taken in the input's dtype, so past that range the
-variance is lost and far too many or too few elements are kept (gpareto, one
-stage, 100,000 Laplace elements at ratio 0.01: 36,809 at a scale of 1e-20, 16
-at 1e18; exponential holds to 1e30). With ``exclude_zeros`` the
+by ``||g||_2`` would not change the selection). In floating point too: the
+sums of squares (the gpareto fit's, the later stages') of magnitudes outside
+2**-40 .. 2**40 are taken of them times a power of two (`_by_scale`; the
+compiled op sums squares in double), so a float32 gradient of 1e-20 or 1e18
+keeps what it keeps at 1 (before, its variance was lost: gpareto kept 36,809
+and 16 of 100,000 elements at ratio 0.01). With ``exclude_zeros`` the
 first stage fits only the nonzero magnitudes and asks them for the same count
 (a departure from the paper, which fits exact zeros too).
 
@@ -260,9 +259,16 @@ def _fit(x, ratio, distribution, count, exclude_zeros):
     elif distribution == "gpareto":
         # E[x^2] - mean^2: the norm is one fused pass (x - mean would be another
         # tensor); float32 keeps ~6 digits of v, enough where v ~ mean^2.
-        second = tf.square(tf.math.reduce_euclidean_norm(x)) / count
-        variance = tf.maximum(second - tf.square(mean), 0.0)
-        eta = gpareto_threshold(mean, variance, ratio)
+        def variance():
+            second = tf.square(tf.math.reduce_euclidean_norm(x)) / count
+            return _float64(tf.maximum(second - tf.square(mean), 0.0))
+
+        def scaled_variance():  # x times a power of two near 1 / mean (exact)
+            scale = _power_of_two_near_inverse(mean, x.dtype)
+            norm = _float64(tf.math.reduce_euclidean_norm(x * scale)) / _float64(scale)
+            return tf.maximum(tf.square(norm) / _float64(count) - tf.square(_float64(mean)), 0.0)
+
+        eta = gpareto_threshold(mean, _by_scale(mean, variance, scaled_variance), ratio)
     else:  # "gamma"
         # s = -mean(ln(x/mean + eps)) = ln(mean) - mean(ln(x + eps*mean)); eps
         # (machine epsilon) relative to the mean keeps exact zeros finite.
@@ -344,7 +350,49 @@ def _survivor_sums(magnitudes, threshold):
     excess = tf.where(above, magnitudes - threshold, zero)  # scalars broadcast: no fills
     count = tf.reduce_sum(tf.cast(above, tf.int32))
     low = tf.reduce_min(tf.where(above, magnitudes, largest))
-    return count, _float64(low), _float64(tf.reduce_sum(excess)), _float64(tf.reduce_sum(tf.square(excess)))
+
+    def squares():
+        return _float64(tf.reduce_sum(tf.square(excess)))
+
+    def scaled_squares():  # the excess times a power of two near 1 / threshold (exact)
+        scale = _power_of_two_near_inverse(threshold, magnitudes.dtype)
+        return _float64(tf.reduce_sum(tf.square(excess * scale))) / tf.square(_float64(scale))
+
+    squares = _by_scale(threshold, squares, scaled_squares)
+    return count, _float64(low), _float64(tf.reduce_sum(excess)), squares
+
+
+def _by_scale(reference, plain, scaled):
+    """``plain()`` for magnitudes near `reference` in 2**-40 .. 2**40, else ``scaled()``.
+
+    A sum of squares in float32 loses the small ones below about 1e-19 and
+    overflows above about 1e19. ``scaled()`` works on the values times a
+    power of two near ``1 / reference``, which keeps them in range at any
+    scale, but costs a pass more; within the range ``plain()`` is exact
+    enough (and was used alone before).
+    """
+    reference = _float64(reference)
+    return tf.cond((reference > 2.0**-40) & (reference < 2.0**40), plain, scaled)
+
+
+# The largest binary exponent of a scale factor per dtype, well inside its
+# normal range.
+_SCALE_EXPONENT_LIMIT = {tf.float16: 14, tf.bfloat16: 126, tf.float32: 126, tf.float64: 1022}
+
+
+def _power_of_two_near_inverse(reference, dtype):
+    """``2**-round(log2(reference))`` in `dtype`; 1 where `reference` is not positive and finite.
+
+    Multiplying by it is exact (in the normal range), so a sum of squares of
+    the scaled values is exactly the scale's square times the plain one,
+    without leaving the dtype's range.
+    """
+    reference = _float64(reference)
+    usable = tf.math.is_finite(reference) & (reference > 0)
+    exponent = -tf.round(tf.math.log(tf.where(usable, reference, 1.0)) / math.log(2.0))
+    limit = float(_SCALE_EXPONENT_LIMIT[dtype])
+    exponent = tf.clip_by_value(tf.where(usable, exponent, 0.0), -limit, limit)
+    return tf.cast(tf.pow(tf.constant(2.0, tf.float64), exponent), dtype)
 
 
 def survivor_moments(magnitudes, threshold):
