@@ -375,8 +375,8 @@ def _by_scale(reference, plain, scaled):
     return tf.cond((reference > 2.0**-40) & (reference < 2.0**40), plain, scaled)
 
 
-# The largest binary exponent of a scale factor per dtype, well inside its
-# normal range.
+# The largest binary exponent of a scale factor per dtype: the factor and
+# its inverse stay normal numbers of the dtype.
 _SCALE_EXPONENT_LIMIT = {tf.float16: 14, tf.bfloat16: 126, tf.float32: 126, tf.float64: 1022}
 
 
