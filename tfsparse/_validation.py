@@ -93,6 +93,16 @@ def check_fraction(name, value):
     return _checked(name, value, _is_real(value) and 0 < value <= 1, "a float in (0, 1]", float)
 
 
+def check_unit_interval(name, value):
+    """Returns ``float(value)`` if it is a real number in [0, 1], else raises.
+
+    Example:
+      >>> check_unit_interval("drop_fraction", 0)
+      0.0
+    """
+    return _checked(name, value, _is_real(value) and 0 <= value <= 1, "a float in [0, 1]", float)
+
+
 def check_non_negative_float(name, value):
     """Returns ``float(value)`` if it is a finite real number >= 0, else raises.
 

@@ -5,6 +5,7 @@ import numbers
 
 import numpy as np
 
+from tfsparse._validation import check_unit_interval
 from tfsparse._validation import invalid_value
 
 DECAYS = ("cosine", "constant", "linear")
@@ -34,9 +35,7 @@ def drop_fraction_at(step, drop_fraction, end_step, decay="cosine"):
     """
     if decay not in DECAYS:
         raise invalid_value("decay", f"one of {DECAYS}", decay)
-    if not (isinstance(drop_fraction, numbers.Real) and not isinstance(drop_fraction, bool)
-            and 0 <= drop_fraction <= 1):
-        raise invalid_value("drop_fraction", "a float in [0, 1]", drop_fraction)
+    drop_fraction = check_unit_interval("drop_fraction", drop_fraction)
     if step >= end_step:
         return 0.0
     progress = step / end_step
