@@ -84,6 +84,48 @@ def test_non_finite_gradient_skipped_when_asked():
     np.testing.assert_array_equal(feedback.residuals[0].numpy(), kept)
 
 
+HUGE = np.float32(3e38)  # twice it overflows float32 (largest 3.4e38) to Inf
+
+
+def test_a_gradient_overflowing_with_its_residual_raises():
+    variable = tf.Variable(tf.zeros([4]), name="dense_kernel")
+    feedback = ErrorFeedback(TopK(0.25), [variable])
+    feedback.residuals[0].assign([HUGE, 0.0, 0.0, 0.0])
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match="dense_kernel:0, or its sum with the error-feedback residual overflowed"):
+        feedback.compress([tf.constant([HUGE, 1.0, 0.0, 0.0])])
+
+
+def test_a_gradient_overflowing_with_its_residual_is_skipped_when_asked():
+    variables = [tf.Variable(tf.zeros([4]), name="a"), tf.Variable(tf.zeros([2]), name="b")]
+    feedback = ErrorFeedback(TopK(0.5), variables, nonfinite="skip")
+    feedback.residuals[0].assign([HUGE, 0.0, 0.5, 0.0])
+    values, indices = feedback.compress([tf.constant([HUGE, 1.0, 0.0, 0.0]),
+                                         tf.constant([3.0, -7.0])])
+    # a sends nothing and keeps its residual (no Inf sent, no NaN kept); b as usual.
+    assert np.all(np.isfinite(values.numpy()))
+    assert all(i >= 4 for i in indices.numpy().tolist())
+    np.testing.assert_array_equal(feedback.residuals[0].numpy(), [HUGE, 0.0, 0.5, 0.0])
+    # A later finite step is compressed as usual, the residual included.
+    values, indices = feedback.compress([tf.constant([-HUGE, 0.0, 0.0, 0.0]), tf.zeros([2])])
+    sent = feedback.decompress(values, indices)[0].numpy() + feedback.residuals[0].numpy()
+    np.testing.assert_array_equal(sent, [0.0, 0.0, 0.5, 0.0])
+
+
+def test_a_row_summed_with_its_duplicate_and_residual_is_checked():
+    variable = tf.Variable(tf.zeros([4, 2]), name="embedding")
+    feedback = ErrorFeedback(TopK(0.5), [variable], nonfinite="skip")
+    feedback.residuals[0].assign(np.ones([4, 2], np.float32))
+    # Row 2 twice: each finite, their sum Inf.
+    values, _ = feedback.compress_slices(_slices([[HUGE, 1.0], [HUGE, 1.0]], [2, 2], [4, 2]))
+    assert np.all(values.numpy() == 0.0)
+    np.testing.assert_array_equal(feedback.residuals[0].numpy(), np.ones([4, 2]))
+    raising = ErrorFeedback(TopK(0.5), [variable])
+    raising.residuals[0].assign(np.full([4, 2], HUGE))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="embedding:0, or its sum"):
+        raising.compress_slices(_slices([[HUGE, 1.0]], [1], [4, 2]))
+
+
 def test_residuals_are_saved_and_restored_with_checkpoints(tmp_path):
     variable = tf.Variable(tf.zeros([50]))
     feedback = ErrorFeedback(SIDCo(0.1), [variable])

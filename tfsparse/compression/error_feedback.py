@@ -25,9 +25,12 @@ class ErrorFeedback(tf.Module):
     `model.save_weights` in the TensorFlow format) that holds the optimizer
     saves and restores them: resuming training loses nothing.
 
-    Non-finite gradients (NaN or Inf) raise an `InvalidArgumentError` naming
-    the variable, or, with ``nonfinite="skip"``, send nothing for that
-    gradient and leave its residual unchanged.
+    A gradient that is not finite (NaN or Inf), or whose sum with its
+    residual overflows to Inf, raises an `InvalidArgumentError` naming the
+    variable, or, with ``nonfinite="skip"``, sends nothing for that variable
+    and leaves its residual unchanged. (Checking the gradient alone would let
+    an overflowing sum through: the compressor would send an Inf and keep
+    ``Inf - Inf``, a NaN residual, for every later step.)
 
     Args:
         compressor: a `tfsparse.compression.Compressor`.
@@ -69,12 +72,21 @@ class ErrorFeedback(tf.Module):
                 for v in variables
             ]
 
-    def _finite(self, gradient, name):
+    def _checked(self, corrected, name):
+        """``(corrected, finite)``: the gradient plus its residual, checked.
+
+        "raise": an error unless every element is finite (``finite`` is
+        None); "skip": ``corrected`` with zeros in place of a non-finite one,
+        and ``finite`` whether it was.
+        """
         if self._nonfinite == "raise":
             return tf.debugging.check_numerics(
-                gradient, f"Non-finite gradient (NaN or Inf) for variable {name}"
-            )
-        return gradient
+                corrected,
+                f"Non-finite gradient (NaN or Inf) for variable {name}, or its sum with the "
+                "error-feedback residual overflowed",
+            ), None
+        finite = tf.reduce_all(tf.math.is_finite(corrected))
+        return tf.where(finite, corrected, tf.zeros_like(corrected)), finite
 
     def compress(self, gradients):
         """Compresses ``gradients + residuals`` and keeps what is not sent.
@@ -89,12 +101,9 @@ class ErrorFeedback(tf.Module):
         gradients = [tf.convert_to_tensor(g, self.dtype) for g in gradients]
         corrected, finite = [], []
         for gradient, residual, name in zip(gradients, self.residuals, self.variable_names):
-            flat = tf.reshape(self._finite(gradient, name) + residual, [-1])
-            if self._nonfinite == "skip":
-                is_finite = tf.reduce_all(tf.math.is_finite(gradient))
-                flat = tf.where(is_finite, flat, tf.zeros_like(flat))
-                finite.append(is_finite)
+            flat, is_finite = self._checked(tf.reshape(gradient + residual, [-1]), name)
             corrected.append(flat)
+            finite.append(is_finite)
         buffer = corrected[0] if len(corrected) == 1 else tf.concat(corrected, 0)
         values, indices = self.compressor._compress_finite(buffer)  # noqa: SLF001 (checked above)
         left = buffer - self.compressor.decompress(values, indices, self.size)
@@ -114,8 +123,10 @@ class ErrorFeedback(tf.Module):
         only. What it leaves out goes back to those rows' residual; the
         residual of a row the gradient does not touch waits until a later
         gradient touches it (it is never sent on its own, so the rows a step
-        sends stay the rows it touched). With ``nonfinite="skip"`` a
-        non-finite gradient sends nothing and leaves every residual unchanged.
+        sends stay the rows it touched). A row summed from its duplicates and
+        its residual is checked as `compress` checks a gradient: with
+        ``nonfinite="skip"`` a non-finite one sends nothing and leaves every
+        residual unchanged.
 
         Args:
             slices: a `tf.IndexedSlices` for the single variable of this
@@ -141,11 +152,8 @@ class ErrorFeedback(tf.Module):
         row_size = row_shape.num_elements()
         gradient = tf.convert_to_tensor(slices.values, self.dtype)
         rows, slot = tf.unique(tf.cast(slices.indices, INDEX_DTYPE))
-        summed = tf.math.unsorted_segment_sum(self._finite(gradient, name), slot, tf.size(rows))
-        flat = tf.reshape(summed + tf.gather(residual, rows), [-1])
-        if self._nonfinite == "skip":
-            is_finite = tf.reduce_all(tf.math.is_finite(gradient))
-            flat = tf.where(is_finite, flat, tf.zeros_like(flat))
+        summed = tf.math.unsorted_segment_sum(gradient, slot, tf.size(rows))
+        flat, is_finite = self._checked(tf.reshape(summed + tf.gather(residual, rows), [-1]), name)
         values, local = self.compressor._compress_finite(flat)  # noqa: SLF001 (checked above)
         left = tf.reshape(flat - self.compressor.decompress(values, local, tf.size(flat)),
                           [-1] + row_shape.as_list())

@@ -120,7 +120,8 @@ def DistributedOptimizer(optimizer, compression=None, *, op=hvd.Average,
 
     Non-finite gradients: ``nonfinite="raise"`` stops with an error naming
     the variable; ``nonfinite="skip"`` checks each variable's gradient on its
-    own: a rank whose gradient for a variable holds a NaN or Inf sends nothing
+    own: a rank whose gradient for a variable holds a NaN or Inf (with
+    compression: or overflows to Inf when its residual is added) sends nothing
     for that variable at this exchange (its residual is kept), while its other
     variables and the other ranks' contributions are exchanged as usual (the
     average still divides by ``hvd.size()``). Which gradients are non-finite
