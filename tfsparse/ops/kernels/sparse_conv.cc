@@ -326,6 +326,9 @@ class ConvCall {
   int64_t TapRow(int64_t r) const { return r / channels_ / pairs_[0][1]; }
   int64_t TapCol(int64_t r) const { return r / channels_ % pairs_[0][1]; }
   int64_t Channel(int64_t r) const { return r % channels_; }
+  // Elements in one image of x (and of dx), and in one of y (and of dy).
+  int64_t InputImage() const { return rows_.in * cols_.in * channels_; }
+  int64_t OutputImage() const { return rows_.out * cols_.out * filters_; }
 
   absl::Status CheckNonzeros() {
     nnz_ = in_.rows.size();
@@ -492,7 +495,7 @@ class ConvCall {
     const int64_t lanes = RunLanes<T>(isa_);
     const int64_t band = InterleavedBand(workers_.threads, lanes);
     const PlanarLayout layout = InterleavedLayout(band, lanes);
-    TF_RETURN_IF_ERROR(CheckScratch<T>(layout, rows_.in * cols_.in * channels_));
+    TF_RETURN_IF_ERROR(CheckScratch<T>(layout, InputImage()));
     const GroupedTerms<T> terms = InterleavedTerms(layout, lanes, in_.values.data);
     const int64_t span = (cols_.out + lanes - 1) / lanes * cols_.stride;
     const Fill fill = [&](const T* image, const Placement& here, T* planar) {
@@ -504,7 +507,7 @@ class ConvCall {
                    OutputVectors{cols_.stride * lanes, true},
                    {{terms.View(), y, rows_.out, cols_.out}},
                    bias.size() == 0 ? nullptr : bias.data,
-                   OutputStrides{rows_.out * cols_.out * filters_, cols_.out * filters_, filters_});
+                   OutputStrides{OutputImage(), cols_.out * filters_, filters_});
     return absl::OkStatus();
   }
 
@@ -578,7 +581,7 @@ class ConvCall {
     const int64_t lanes = RunLanes<T>(isa_);
     const PlanarLayout layout{filters_, 1, band + rows_window.span,
                               (cols_window.size + lanes - 1) / lanes * lanes + cols_window.span};
-    TF_RETURN_IF_ERROR(CheckScratch<T>(layout, rows_.out * cols_.out * filters_));
+    TF_RETURN_IF_ERROR(CheckScratch<T>(layout, OutputImage()));
     std::vector<GroupedTerms<T>> terms;
     terms.reserve(ph.size() * pw.size());  // the targets view them
     std::vector<CorrelateTarget<T>> targets;
@@ -595,8 +598,8 @@ class ConvCall {
     };
     CorrelateUnits(in_.dy.data, rows_.out, cols_.out, layout, fill, at, band, layout.pitch,
                    OutputVectors{lanes, false}, targets, nullptr,
-                   OutputStrides{rows_.in * cols_.in * channels_,
-                                 rows_.stride * cols_.in * channels_, cols_.stride * channels_});
+                   OutputStrides{InputImage(), rows_.stride * cols_.in * channels_,
+                                 cols_.stride * channels_});
     return absl::OkStatus();
   }
 
@@ -626,7 +629,7 @@ class ConvCall {
   // The input gradient term by term on channels-last tensors (slow, exact
   // for any values: used when some are not finite).
   void BackpropInputDirect(const T* values, T* dx) const {
-    std::fill(dx, dx + batch_ * rows_.in * cols_.in * channels_, T(0));
+    std::fill(dx, dx + batch_ * InputImage(), T(0));
     const T* dy = in_.dy.data;
     for (int64_t b = 0; b < batch_; ++b) {
       for (int64_t k = 0; k < nnz_; ++k) {
@@ -658,8 +661,8 @@ class ConvCall {
     const PlanarLayout x_layout = ForwardLayout(rows_.out, lanes);
     const PlanarLayout dy_layout{filters_, 1, rows_.out,
                                  (cols_.out + lanes - 1) / lanes * lanes};
-    const int64_t x_image = rows_.in * cols_.in * channels_;
-    const int64_t dy_image = rows_.out * cols_.out * filters_;
+    const int64_t x_image = InputImage();
+    const int64_t dy_image = OutputImage();
     // (dy_layout is one image of dy, padded to whole vectors.)
     if (nnz_ > 0) TF_RETURN_IF_ERROR(CheckScratch<T>(x_layout, x_image));
     const GroupedTerms<T> grouped = ForwardTerms(x_layout, nullptr);
@@ -890,7 +893,9 @@ class SparseConvOp : public OpKernel {
       const Tensor& shape = ctx->input(4);
       OP_REQUIRES(ctx, shape.dims() == 1,
                   errors::InvalidArgument("input_shape must be a vector of 4 sizes"));
-      for (int d = 0; d < shape.NumElements(); ++d) in.input_shape.push_back(shape.flat<int32>()(d));
+      for (int d = 0; d < shape.NumElements(); ++d) {
+        in.input_shape.push_back(shape.flat<int32>()(d));
+      }
     } else {
       in.x = ViewOf<T>(ctx->input(0));
       in.dy = ViewOf<T>(ctx->input(1));
