@@ -19,10 +19,11 @@ which is cheaper than compacting 25% of it). All estimators are
 scale-equivariant, so they run on ``|g|`` directly (the paper's normalisation
 by ``||g||_2`` would not change the selection). In floating point too: the
 sums of squares (the gpareto fit's, the later stages') of magnitudes outside
-2**-40 .. 2**40 are taken of them times a power of two (`_by_scale`; the
-compiled op sums squares in double), so a float32 gradient of 1e-20 or 1e18
-keeps what it keeps at 1 (before, its variance was lost: gpareto kept 36,809
-and 16 of 100,000 elements at ratio 0.01). With ``exclude_zeros`` the
+2**-40 .. 2**40 are taken of them times a power of two and the fits made in
+those units (`_by_scale`), so a float32 gradient of 1e-20 or 1e18, or a
+float64 one of 1e-160 or 1e160, keeps what it keeps at 1 (before, its
+variance was lost: gpareto kept 36,809 and 16 of 100,000 elements at ratio
+0.01). With ``exclude_zeros`` the
 first stage fits only the nonzero magnitudes and asks them for the same count
 (a departure from the paper, which fits exact zeros too).
 
@@ -259,16 +260,19 @@ def _fit(x, ratio, distribution, count, exclude_zeros):
     elif distribution == "gpareto":
         # E[x^2] - mean^2: the norm is one fused pass (x - mean would be another
         # tensor); float32 keeps ~6 digits of v, enough where v ~ mean^2.
-        def variance():
+        def plain():
             second = tf.square(tf.math.reduce_euclidean_norm(x)) / count
-            return _float64(tf.maximum(second - tf.square(mean), 0.0))
+            return gpareto_threshold(mean, _float64(tf.maximum(second - tf.square(mean), 0.0)),
+                                     ratio)
 
-        def scaled_variance():  # x times a power of two near 1 / mean (exact)
+        def scaled():  # fitted to x times a power of two near 1 / mean (exact), then unscaled
             scale = _power_of_two_near_inverse(mean, x.dtype)
-            norm = _float64(tf.math.reduce_euclidean_norm(x * scale)) / _float64(scale)
-            return tf.maximum(tf.square(norm) / _float64(count) - tf.square(_float64(mean)), 0.0)
+            scaled_mean = _float64(mean * scale)
+            norm = _float64(tf.math.reduce_euclidean_norm(x * scale))
+            variance = tf.maximum(tf.square(norm) / _float64(count) - tf.square(scaled_mean), 0.0)
+            return gpareto_threshold(scaled_mean, variance, ratio) / _float64(scale)
 
-        eta = gpareto_threshold(mean, _by_scale(mean, variance, scaled_variance), ratio)
+        eta = _by_scale(mean, plain, scaled)
     else:  # "gamma"
         # s = -mean(ln(x/mean + eps)) = ln(mean) - mean(ln(x + eps*mean)); eps
         # (machine epsilon) relative to the mean keeps exact zeros finite.
@@ -323,12 +327,12 @@ def multistage_threshold(
     n_later = tf.where(_float64(ratio) < first_ratio, stages - 1, 0)
 
     def refine(i, eta):
-        count, low, mean, variance = survivor_moments(magnitudes, eta)
+        count, low, mean, variance, unit = survivor_moments(magnitudes, eta)
         if later_distribution == "exponential":
             shifted = exponential_threshold(mean, later)
         else:
             shifted = gpareto_threshold(mean, variance, later)
-        fitted = tf.where(mean > 0, shifted, tf.zeros_like(shifted)) + low
+        fitted = tf.where(mean > 0, shifted, tf.zeros_like(shifted)) * unit + low
         return i + 1, tf.where(count > 0, fitted, eta)
 
     _, eta = tf.while_loop(lambda i, eta: i < n_later, refine, (tf.constant(0), eta))
@@ -336,7 +340,12 @@ def multistage_threshold(
 
 
 def _survivor_sums(magnitudes, threshold):
-    """count, min, sum and sum of squares of the excess over `threshold` of the survivors.
+    """count, min, sum and sum of squares of the excess over `threshold` of the survivors, and a unit.
+
+    The sums are of the excess divided by the unit: 1 for a `threshold` in
+    2**-40 .. 2**40, else a power of two near it (`_by_scale`), so that they
+    stay in the dtype's range and in float64's (a float64 excess of 1e160
+    has a square beyond it).
 
     Masked reductions over the whole tensor: compacting the survivors
     (``tf.where``) is several times slower while they are many (25% after
@@ -351,15 +360,18 @@ def _survivor_sums(magnitudes, threshold):
     count = tf.reduce_sum(tf.cast(above, tf.int32))
     low = tf.reduce_min(tf.where(above, magnitudes, largest))
 
-    def squares():
-        return _float64(tf.reduce_sum(tf.square(excess)))
+    def plain():
+        return (_float64(tf.reduce_sum(excess)), _float64(tf.reduce_sum(tf.square(excess))),
+                tf.constant(1.0, tf.float64))
 
-    def scaled_squares():  # the excess times a power of two near 1 / threshold (exact)
+    def scaled():  # the excess times a power of two near 1 / threshold (exact)
         scale = _power_of_two_near_inverse(threshold, magnitudes.dtype)
-        return _float64(tf.reduce_sum(tf.square(excess * scale))) / tf.square(_float64(scale))
+        scaled_excess = excess * scale
+        return (_float64(tf.reduce_sum(scaled_excess)),
+                _float64(tf.reduce_sum(tf.square(scaled_excess))), 1.0 / _float64(scale))
 
-    squares = _by_scale(threshold, squares, scaled_squares)
-    return count, _float64(low), _float64(tf.reduce_sum(excess)), squares
+    total, squares, unit = _by_scale(threshold, plain, scaled)
+    return count, _float64(low), total, squares, unit
 
 
 def _by_scale(reference, plain, scaled):
@@ -398,14 +410,17 @@ def _power_of_two_near_inverse(reference, dtype):
 def survivor_moments(magnitudes, threshold):
     """Moments of the elements above `threshold`, shifted by their minimum.
 
-    Returns ``(count, low, mean, variance)`` (int32 count, float64 others) of
-    ``x - low`` over ``x = magnitudes[magnitudes > threshold]``, ``low`` their
-    minimum, without extracting them (sums of the excess over `threshold`).
-    An empty set gives count 0 (the rest is then meaningless).
+    Returns ``(count, low, mean, variance, unit)`` (int32 count, float64
+    others): the mean and variance of ``(x - low) / unit`` over ``x =
+    magnitudes[magnitudes > threshold]``, ``low`` their minimum, without
+    extracting them (sums of the excess over `threshold`). ``unit`` is 1 for
+    a `threshold` in 2**-40 .. 2**40, else a power of two near it, which
+    keeps the variance in float64's range at any magnitude. An empty set
+    gives count 0 (the rest is then meaningless).
     """
     threshold = _float64(threshold)
-    count, low, excess, excess_squares = _survivor_sums(magnitudes, threshold)
+    count, low, excess, excess_squares, unit = _survivor_sums(magnitudes, threshold)
     n = tf.maximum(tf.cast(count, tf.float64), 1.0)
     mean_excess = excess / n
     variance = tf.maximum(excess_squares / n - tf.square(mean_excess), 0.0)
-    return count, low, mean_excess - (low - threshold), variance
+    return count, low, mean_excess - (low - threshold) / unit, variance, unit

@@ -303,8 +303,24 @@ class SidcoOp : public OpKernel {
         !exclude_zeros_ ? static_cast<double>(n)
         : exact_count   ? static_cast<double>(sums.nonzero)
                         : SampledNonzero(x, n);
+    // float64 magnitudes far from 1 (mean outside 2^-400 .. 2^400): the
+    // squares again, of |x| times a power of two near 1 / mean, so that they
+    // and the variance stay in double's range; the fit is then made in those
+    // units.
+    double unit = 1;
+    const double scale = ScaleFor(sums.sum / std::max(count, 1.0));
+    if (gpareto && scale != 1) {
+      std::vector<double> part_squares(parts);
+      in_parallel([&](int64_t p) {
+        part_squares[p] = passes_.scaled_squares(x, part_begin(p), part_end(p),
+                                                 static_cast<T>(scale));
+      });
+      sums.squares = 0;
+      for (double q : part_squares) sums.squares += q;
+      unit = 1 / scale;
+    }
     const Stage1 fit = FitStage1(x, sums, n, count, stages, ratio, first_ratio,
-                                 1.0, offset_logs, true);
+                                 1.0, unit, offset_logs, true);
     double eta = fit.eta;
 
     // Pass 2: the survivors of stage 1; later stages refit on them only.
@@ -328,9 +344,14 @@ class SidcoOp : public OpKernel {
     const bool exponential_later =
         distribution_ == Distribution::kExponential;
     for (int64_t stage = 0; stage < n_later; ++stage) {
+      // The moments in units of excess_unit: 1 unless the threshold is a
+      // float64 far from 1 (ScaleFor).
+      const double excess_scale = ScaleFor(static_cast<double>(cut));
+      const double excess_unit = 1 / excess_scale;
       Excess excess;
       for (int64_t p = 0; p < parts; ++p) {
-        passes_.add_excess(segments[p], cut, &excess);
+        passes_.add_excess(segments[p], cut, static_cast<T>(excess_scale),
+                           &excess);
       }
       if (excess.count == 0) break;  // eta stays, and so would every later stage
       // Moments of x - low, from the excess over the threshold actually
@@ -341,12 +362,12 @@ class SidcoOp : public OpKernel {
       const double variance =
           std::max(excess.squares / m - mean_excess * mean_excess, 0.0);
       const double shifted_mean =
-          mean_excess - (excess.low - static_cast<double>(cut));
+          mean_excess - (excess.low - static_cast<double>(cut)) / excess_unit;
       double shifted = exponential_later
                            ? ExponentialThreshold(shifted_mean, later)
                            : GparetoThreshold(shifted_mean, variance, later);
       if (!(shifted_mean > 0)) shifted = 0;
-      eta = shifted + excess.low;
+      eta = shifted * excess_unit + excess.low;
       const T next = static_cast<T>(eta);
       if (next >= cut) {
         for (int64_t p = 0; p < parts; ++p) {
@@ -433,9 +454,10 @@ class SidcoOp : public OpKernel {
   // `widen` times stage 1's ratio. offset_logs(offset) sums ln(|x| + offset)
   // over the same elements (the gamma fit without exclude_zeros); `exact`
   // fits constant magnitudes exactly (x is then all of the op's input).
+  // sums.squares are of |x| / unit (the gpareto fit is made in that unit).
   Stage1 FitStage1(const T* x, const Sums& sums, int64_t n, double count,
                    int64_t stages, double ratio, double first_ratio,
-                   double widen,
+                   double widen, double unit,
                    const std::function<Sums(T)>& offset_logs,
                    bool exact) const {
     Stage1 out;
@@ -458,9 +480,10 @@ class SidcoOp : public OpKernel {
     if (distribution_ == Distribution::kExponential) {
       eta = ExponentialThreshold(mean, first);
     } else if (distribution_ == Distribution::kGpareto) {
+      const double scaled_mean = mean / unit;
       const double variance =
-          std::max(sums.squares / fit_count - mean * mean, 0.0);
-      eta = GparetoThreshold(mean, variance, first);
+          std::max(sums.squares / fit_count - scaled_mean * scaled_mean, 0.0);
+      eta = GparetoThreshold(scaled_mean, variance, first) * unit;
     } else {
       // s = ln(mean) - mean(ln x): over the nonzeros (exclude_zeros; zeros
       // add ln(mean) - ln(mean) = 0 in thresholds.py), or over all of
@@ -516,22 +539,36 @@ class SidcoOp : public OpKernel {
     if (n < kMinGuessed) return T(0);
     const bool gamma = distribution_ == Distribution::kGamma;
     const bool gpareto = distribution_ == Distribution::kGpareto;
+    auto chunk_begin = [&](int64_t j) {
+      return (n - kSumBlock) * j / (kSampleChunks - 1);
+    };
     auto sample_sums = [&](bool squares, bool count, bool logs, T offset) {
       Sums sums;
       for (int64_t j = 0; j < kSampleChunks; ++j) {
-        const int64_t begin = (n - kSumBlock) * j / (kSampleChunks - 1);
+        const int64_t begin = chunk_begin(j);
         sums.Add(passes_.range_sums(x, begin, begin + kSumBlock, squares,
                                     count, logs, offset));
       }
       return sums;
     };
-    const Sums sums =
+    Sums sums =
         sample_sums(gpareto, exclude_zeros_, gamma && exclude_zeros_, T(0));
     const int64_t size = kSampleChunks * kSumBlock;
     const double count = exclude_zeros_ ? static_cast<double>(sums.nonzero)
                                         : static_cast<double>(size);
+    double unit = 1;  // as Compute's pass 1
+    const double scale = ScaleFor(sums.sum / std::max(count, 1.0));
+    if (gpareto && scale != 1) {
+      sums.squares = 0;
+      for (int64_t j = 0; j < kSampleChunks; ++j) {
+        const int64_t begin = chunk_begin(j);
+        sums.squares += passes_.scaled_squares(x, begin, begin + kSumBlock,
+                                               static_cast<T>(scale));
+      }
+      unit = 1 / scale;
+    }
     const Stage1 fit = FitStage1(
-        x, sums, size, count, stages, ratio, first_ratio, kGuessWiden,
+        x, sums, size, count, stages, ratio, first_ratio, kGuessWiden, unit,
         [&](T offset) { return sample_sums(false, false, true, offset); },
         false);
     *fraction = std::min(fit.first * kGuessWiden, 1.0) * count /

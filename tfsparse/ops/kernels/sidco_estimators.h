@@ -13,6 +13,18 @@
 
 namespace tfsparse_sidco {
 
+// 1 for a `reference` magnitude in 2^-400 .. 2^400, else a power of two
+// near 1 / reference (1 for zero, Inf or NaN): the factor the fits take
+// squares of magnitudes by, so that the squares and the variance stay in
+// double's range (only float64 magnitudes can leave it: a float's square
+// is a double's normal number). Multiplying by it is exact.
+inline double ScaleFor(double reference) {
+  if (!(reference > 0) || !std::isfinite(reference)) return 1.0;
+  const int exponent = std::ilogb(reference);
+  if (exponent >= -400 && exponent < 400) return 1.0;
+  return std::ldexp(1.0, -std::clamp(exponent, -1000, 1000));
+}
+
 inline double ExponentialThreshold(double mean, double ratio) {
   return -mean * std::log(ratio);
 }

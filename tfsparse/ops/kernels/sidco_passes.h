@@ -96,8 +96,9 @@ struct Segment {
   }
 };
 
-// Count, minimum, and sums of the excess over `threshold` (and of its
-// square) of the magnitudes in a segment: thresholds._survivor_sums.
+// Count, minimum, and sums of the excess over `threshold` times `scale`
+// (and of its square) of the magnitudes in a segment:
+// thresholds._survivor_sums.
 struct Excess {
   int64_t count = 0;
   double low = std::numeric_limits<double>::infinity();
@@ -114,7 +115,10 @@ struct Passes {
   void (*select_range)(const T* x, int64_t begin, int64_t end, T threshold,
                        Segment<T>* out, double fraction);
   void (*filter_segment)(T threshold, Segment<T>* segment);
-  void (*add_excess)(const Segment<T>& segment, T threshold, Excess* out);
+  void (*add_excess)(const Segment<T>& segment, T threshold, T scale,
+                     Excess* out);
+  // The sum of (|x| * scale)^2 over [begin, end), in double.
+  double (*scaled_squares)(const T* x, int64_t begin, int64_t end, T scale);
 };
 
 }  // namespace tfsparse_sidco
