@@ -109,6 +109,26 @@ def test_the_file_holds_the_nonzeros_and_one_gather_per_sparse_layer():
     assert len(flatbuffer) < 8 * nonzeros + 4 * (24 * 10 + 66) + 8192 < 4 * dense_kernels + 8192
 
 
+@pytest.mark.parametrize("inputs", [150, 49, 50, 51, 17])
+def test_fully_connected_is_exact_for_input_widths_not_a_multiple_of_four(inputs):
+    # TFLite's sparse FULLY_CONNECTED kernel gave wrong sums (errors of 0.6
+    # to 61) for units reading the last inputs of such widths; the product
+    # pads them to a multiple of 4. Sparse enough to stay sparse in the file
+    # (no DENSIFY); two units read the last inputs.
+    pattern = scipy.sparse.random(inputs, 20, density=0.01, format="lil", rng=inputs)
+    pattern[inputs - 1, 0] = 1.0
+    pattern[inputs - 2, 3] = 1.0
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((inputs,)),
+                              SparseDense(20, pattern=pattern.tocsr(), use_bias=False)])
+    x = np.random.default_rng(2).standard_normal((3, inputs)).astype(np.float32)
+    flatbuffer = to_tflite(model, fully_connected=True)
+    assert "DENSIFY" not in _op_names(flatbuffer)
+    # Sums of at most ~6 products of O(1) terms: float32 rounding ~1e-6.
+    np.testing.assert_allclose(run_interpreter(flatbuffer, x), model(x).numpy(),
+                               rtol=1e-5, atol=1e-5)
+
+
 def test_fully_connected_layers_have_their_kernels_stored_sparse():
     model = _model("mlp")
     flatbuffer = to_tflite(model, fully_connected=True)

@@ -26,7 +26,9 @@ def to_tflite(model, fully_connected=False):
         interpreter then runs TFLite's sparse kernel on it or, for kernels
         it judges dense enough (5% here), expands it to a dense kernel when
         it loads the file (``DENSIFY``): memory as a ``Dense`` layer's, speed
-        of TFLite's optimized dense kernels. Conversion builds each dense
+        of TFLite's optimized dense kernels. An input width that is not a
+        multiple of 4 is padded to one with zeros (a ``PAD`` op): TFLite's
+        sparse kernel gave wrong sums otherwise. Conversion builds each dense
         kernel, which must be under 2 GiB. It tied with the gathers at batch
         1 on 5%-dense layers and was faster everywhere else measured
         (``python benchmarks/tflite_latency.py``, README "TFLite").

@@ -23,6 +23,10 @@ from tfsparse.ops import _gather_products
 # most doubles the work.
 _MAX_PADDING_FACTOR = 2.0
 
+# The input widths TFLite's sparse FULLY_CONNECTED kernel computes exactly:
+# multiples of it (_dense_constant_product).
+_SPARSE_FULLY_CONNECTED_BLOCK = 4
+
 # Protocol buffers (a GraphDef) and flatbuffers (a TFLite file) hold < 2 GiB.
 _MAX_CONSTANT_BYTES = 2**31
 
@@ -107,8 +111,16 @@ def _dense_constant_product(x, values, rows, cols, shape, bias):
             "fully_connected", f"False for a layer whose dense kernel ({shape[0]} x {shape[1]} "
             f"{x.dtype.name}, {size / 2**30:.1f} GiB) does not fit the 2 GiB a graph or a TFLite "
             "file holds", True)
-    kernel = np.zeros(shape, x.dtype.as_numpy_dtype)
+    # Input rows padded with zeros to a multiple of 4: TFLite's sparse
+    # FULLY_CONNECTED kernel (the kernel stored sparse, `to_tflite`) gave
+    # wrong sums for units reading the last inputs of a width that is not
+    # one (TensorFlow 2.21: errors up to 61 on a 50 x 20 kernel); zero rows
+    # and zero inputs add nothing, so the product is exact.
+    padding = -shape[0] % _SPARSE_FULLY_CONNECTED_BLOCK
+    kernel = np.zeros((shape[0] + padding, shape[1]), x.dtype.as_numpy_dtype)
     kernel[rows, cols] = _value_at_trace_time(values, "values")
+    if padding:
+        x = tf.pad(x, [[0, 0], [0, padding]])
     y = tf.matmul(x, kernel)
     return y if bias is None else tf.nn.bias_add(y, bias)
 
