@@ -107,8 +107,34 @@ def test_group_lasso_on_a_transposed_convolution_is_refused():
     with pytest.raises(ValueError) as info:
         model.fit(np.ones((2, 4, 4, 2)), np.ones((2, 5, 5, 3)), verbose=0, callbacks=[FSSL()])
     assert str(info.value) == (
-        "FSSL supports GroupLasso on Dense, SparseDense, Conv1D, Conv2D and Conv3D kernels. "
-        "Received: layer 'up' of type Conv2DTranspose with a GroupLasso kernel_regularizer")
+        "FSSL supports GroupLasso on Dense, SparseDense, Conv1D, Conv2D and Conv3D kernels "
+        "(convolutions with groups=1). Received: layer 'up' of type Conv2DTranspose with a "
+        "GroupLasso kernel_regularizer")
+
+
+def test_group_lasso_on_a_grouped_convolution_is_refused():
+    # Its kernel is (3, 3, in / groups, filters): the channel groups would mix
+    # channel k of every group.
+    model = keras.Sequential([keras.Input((4, 4, 4)), keras.layers.Conv2D(
+        4, 3, groups=2, name="grouped", kernel_regularizer=GroupLasso(1e-3, "channels"))])
+    model.compile("sgd", "mse")
+    with pytest.raises(ValueError, match="layer 'grouped' of type Conv2D, groups=2 "):
+        model.fit(np.ones((2, 4, 4, 4)), np.ones((2, 2, 2, 4)), verbose=0, callbacks=[FSSL()])
+
+
+@pytest.mark.parametrize("wrapper", [keras.layers.TimeDistributed, keras.layers.Bidirectional])
+def test_group_lasso_inside_another_layer_is_refused(wrapper):
+    # Before, the wrapped layer was skipped: its penalty stayed in the loss
+    # after pruning, its groups never masked.
+    inner = (keras.layers.Dense(4, name="wrapped", kernel_regularizer=GroupLasso(0.5))
+             if wrapper is keras.layers.TimeDistributed else
+             keras.layers.LSTM(2, name="wrapped", kernel_regularizer=GroupLasso(0.5)))
+    model = keras.Sequential([keras.Input((3, 6)), wrapper(inner), keras.layers.Flatten(),
+                              keras.layers.Dense(1, kernel_regularizer=GroupLasso(0.01))])
+    model.compile("sgd", "mse")
+    with pytest.raises(ValueError, match="Received: layer '(forward_)?wrapped' of type .* inside another "
+                                         "layer"):
+        model.fit(np.ones((2, 3, 6)), np.ones((2, 1)), verbose=0, callbacks=[FSSL()])
 
 
 def test_schedule_prunes_masks_and_turns_the_penalty_off():

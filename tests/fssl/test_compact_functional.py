@@ -297,6 +297,56 @@ def test_custom_layer_that_cannot_be_rebuilt_is_a_clear_error():
         "'needy' of type Needy, whose get_config/from_config fails (")
 
 
+class Doubled(L.Dense):
+    """A Dense that computes otherwise: compact must not rebuild it as a Dense."""
+
+    def call(self, inputs):
+        return super().call(inputs) * 2.0 + 1.0
+
+
+class Shifted(L.Conv2D):
+    def call(self, inputs):
+        return super().call(inputs) + 3.0
+
+
+@pytest.mark.parametrize("form", ["functional", "sequential", "conv"])
+def test_subclasses_of_keras_layers_are_left_intact(form):
+    # Before, a subclass was compacted as the Keras layer it extends (its
+    # zero unit folded to activation(bias)): outputs off by 25%, silently.
+    keras.utils.set_random_seed(0)
+    if form == "conv":
+        inputs = keras.Input((5, 5, 2))
+        model = keras.Model(inputs, L.Conv2D(2, 1)(Shifted(3, 3, name="custom")(inputs)))
+        x = np.random.default_rng(0).standard_normal((4, 5, 5, 2)).astype(np.float32)
+    else:
+        layers = [Doubled(3, activation="relu", name="custom"), L.Dense(2)]
+        if form == "sequential":
+            model = keras.Sequential([keras.Input((4,)), *layers])
+        else:
+            inputs = keras.Input((4,))
+            model = keras.Model(inputs, layers[1](layers[0](inputs)))
+        x = np.random.default_rng(0).standard_normal((4, 4)).astype(np.float32)
+    custom = model.get_layer("custom")
+    kernel, bias = custom.get_weights()
+    kernel[..., 0] = 0.0
+    bias[0] = 0.5
+    custom.set_weights([kernel, bias])
+    with pytest.warns(UserWarning, match=r"left these layers intact.*custom \((Doubled|Shifted)\)"):
+        small = fssl.compact(model)
+    assert type(small.get_layer("custom")) is type(custom)
+    np.testing.assert_allclose(small(x).numpy(), model(x).numpy(), rtol=1e-6, atol=1e-6)
+
+
+def test_a_nested_model_is_a_clear_error():
+    inputs = keras.Input((3,))
+    inner = keras.Sequential([keras.Input((4,)), L.Dense(4)], name="inner")
+    model = keras.Model(inputs, L.Dense(2)(inner(L.Dense(4)(inputs))))
+    for function in (fssl.compact, fssl.report):
+        with pytest.raises(ValueError, match="Received: layer 'inner' of type Sequential, a model "
+                                             "nested in"):
+            function(model)
+
+
 def test_compacted_cnn_saves_and_serves(tmp_path):
     model, small, _ = compacted_pair("resnet")
     x = np.random.default_rng(7).standard_normal((3, 10, 10, 3)).astype(np.float32)

@@ -30,6 +30,7 @@ import tensorflow as tf
 from tfsparse._keras import keras
 from tfsparse.fssl._layers import is_convolution
 from tfsparse.fssl._layers import is_fully_connected
+from tfsparse.fssl._layers import is_library_layer
 from tfsparse.layers import SparseDense
 
 # Activations applied unit by unit: removing some units leaves the others'
@@ -68,7 +69,10 @@ def _channels_last(layer):
 
 def layer_kind(layer):
     """``"weighted"``, ``"channelwise"``, ``"concatenate"``, ``"flatten"`` or
-    ``"opaque"``: how the analysis treats ``layer``."""
+    ``"opaque"``: how the analysis treats ``layer`` (a subclass of a
+    Keras layer written elsewhere is opaque: it may compute otherwise)."""
+    if not is_library_layer(layer):
+        return "opaque"
     if is_fully_connected(layer):
         return "weighted"
     if is_convolution(layer) and _channels_last(layer) and layer.groups == 1:
@@ -324,12 +328,19 @@ def topological_order(model):
 
     Raises:
         ValueError: for a layer called more than once (shared in the model,
-            or also called outside it), whose weights compaction cannot split.
+            or also called outside it), whose weights compaction cannot split,
+            or a model nested in the model.
     """
     producer = {}
     for layer in model.layers:
         if isinstance(layer, _L.InputLayer):
             continue
+        if isinstance(layer, keras.Model):
+            raise ValueError(
+                "compact supports models whose layers are not models themselves. Received: "
+                f"layer {layer.name!r} of type {type(layer).__name__}, a model nested in "
+                f"{model.name!r}: build the outer model from the inner model's layers, or "
+                "compact the inner model on its own")
         if len(layer.inbound_nodes) != 1:
             raise ValueError(
                 "compact supports layers called once in the model. Received: layer "

@@ -26,6 +26,16 @@ def is_convolution(layer):
     return isinstance(layer, _CONVOLUTIONS) and not isinstance(layer, _OTHER_LAYOUTS)
 
 
+def is_library_layer(layer):
+    """True when ``type(layer)`` is Keras's or tfsparse's own class, not a subclass of one.
+
+    Compaction rebuilds and folds layers by what their class computes; a
+    subclass may compute otherwise (its own ``call``), so compaction leaves
+    it as it is (opaque: cloned, its inputs and outputs kept whole).
+    """
+    return type(layer).__module__.split(".")[0] in ("tf_keras", "keras", "tfsparse")
+
+
 def kernel_variable(layer):
     """The variable holding the kernel: ``values`` of a SparseDense, ``kernel`` otherwise."""
     return layer.values if isinstance(layer, SparseDense) else layer.kernel
@@ -76,17 +86,40 @@ def regularized_layers(model):
     another kind of layer (a transposed or depthwise convolution, ...) is an
     error: its groups would not be what they say.
     """
+    found = _layers_of(model)
+    # A GroupLasso on a layer inside another layer (TimeDistributed,
+    # Bidirectional, a custom layer's sublayers) would stay in the loss
+    # with its groups never masked: refused, not skipped.
+    handled = {id(layer) for layer in found}
+    for layer in model.submodules:
+        if (isinstance(layer, keras.layers.Layer) and id(layer) not in handled
+                and group_settings(layer)[0]):
+            raise ValueError(
+                "FSSL supports GroupLasso on Dense, SparseDense and convolution layers that "
+                "are layers of the model (or of a model nested in it). Received: layer "
+                f"{layer.name!r} of type {type(layer).__name__} with a GroupLasso "
+                "kernel_regularizer inside another layer (TimeDistributed, Bidirectional or "
+                "a layer of its own)")
+    return found
+
+
+def _layers_of(model):
     found = []
     for layer in model.layers:
         if isinstance(layer, keras.Model):
-            found.extend(regularized_layers(layer))
+            found.extend(_layers_of(layer))
         elif not group_settings(layer)[0]:
             continue
-        elif is_fully_connected(layer) or is_convolution(layer):
+        elif (is_fully_connected(layer) or is_convolution(layer)) and getattr(
+                layer, "groups", 1) == 1:
             found.append(layer)
         else:
+            grouped = (f", groups={layer.groups} (each filter reads its group's channels: "
+                       "the channel groups would mix channels of different groups)"
+                       if is_convolution(layer) else "")
             raise ValueError(
                 "FSSL supports GroupLasso on Dense, SparseDense, Conv1D, Conv2D and Conv3D "
-                f"kernels. Received: layer {layer.name!r} of type {type(layer).__name__} "
-                "with a GroupLasso kernel_regularizer")
+                "kernels (convolutions with groups=1). Received: layer "
+                f"{layer.name!r} of type {type(layer).__name__}{grouped} with a GroupLasso "
+                "kernel_regularizer")
     return found

@@ -19,6 +19,7 @@ from tfsparse.fssl import _build  # noqa: E402
 from tfsparse.fssl import _graph  # noqa: E402
 from tfsparse.fssl import functional  # noqa: E402
 from tfsparse.fssl._layers import is_fully_connected  # noqa: E402
+from tfsparse.fssl._layers import is_library_layer  # noqa: E402
 from tfsparse.fssl.gather_inputs import GatherInputs  # noqa: E402
 from tfsparse.layers import SparseDense  # noqa: E402
 
@@ -91,6 +92,8 @@ def _chain(model):
     for layer in model.layers:
         if type(layer).__name__ == "PruneLowMagnitude":
             raise _unsupported(layer, "call tfmot.sparsity.keras.strip_pruning first")
+        if not is_library_layer(layer):
+            raise _unsupported(layer, "a class of its own, which may compute otherwise")
         if isinstance(layer, keras.layers.Flatten) and not chain and flatten is None:
             flatten = layer
         elif isinstance(layer, _UNITWISE_LAYERS) and chain:
