@@ -47,6 +47,14 @@ def test_model_level_losses_are_those_added_to_the_model_itself():
     assert len(model.losses) == 3
 
 
+def test_compiled_losses_are_the_losses_given_to_compile_flat():
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    absolute = keras.losses.MeanAbsoluteError(reduction="sum")
+    model.compile("sgd", {"a": "mse", "b": [absolute, keras.losses.mean_squared_error]})
+    assert _framework_internal.compiled_losses(model) == [
+        "mse", absolute, keras.losses.mean_squared_error]
+
+
 def test_graph_networks_are_the_models_keras_can_clone():
     inputs = keras.Input((3,))
     functional = keras.Model(inputs, keras.layers.Dense(1)(inputs))

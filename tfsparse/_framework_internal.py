@@ -36,6 +36,31 @@ def model_level_losses(model):
     return list(model._callable_losses)
 
 
+def compiled_losses(model):
+    """The losses given to ``model.compile`` (strings, functions, ``Loss`` objects), flat.
+
+    tf_keras keeps them, as given (one, a list or a dict), in
+    ``compiled_loss._user_losses``.
+
+    Example:
+      >>> from tfsparse._keras import keras
+      >>> model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+      >>> model.compile("sgd", keras.losses.MeanSquaredError(reduction="sum"))
+      >>> [loss.reduction for loss in compiled_losses(model)]
+      ['sum']
+    """
+    pending, flat = [model.compiled_loss._user_losses], []
+    while pending:
+        losses = pending.pop(0)
+        if isinstance(losses, dict):
+            pending[:0] = list(losses.values())
+        elif isinstance(losses, (list, tuple)):
+            pending[:0] = list(losses)
+        else:
+            flat.append(losses)
+    return flat
+
+
 def is_graph_network(model):
     """True for a Sequential or functional model (a graph of layers Keras can clone).
 

@@ -102,6 +102,31 @@ def test_a_loss_added_to_the_model_itself_is_refused_not_dropped():
         "regularizer instead). Received: a model with 1 model.add_loss loss(es)")
 
 
+@pytest.mark.parametrize("loss", [
+    keras.losses.MeanSquaredError(reduction="sum"),
+    {"dense_1": keras.losses.MeanAbsoluteError(reduction="none")},
+])
+def test_a_loss_that_does_not_average_over_the_batch_is_refused(loss):
+    # Before, a sum came out num_microbatches times too small (the pipeline
+    # averages the micro-batches): loss 1.40 against 4.69, silently.
+    strategy = PipelineStrategy(devices=["/cpu:0"], num_microbatches=4, schedule="gpipe")
+    model = chain()
+    model.compile("sgd", loss)
+    with pytest.raises(ValueError, match=r"expected a model compiled with losses that average "
+                                         r"over the batch .* with reduction '(sum|none)'"):
+        strategy.attach(model)
+
+
+@pytest.mark.parametrize("loss", ["mse", keras.losses.MeanSquaredError(),
+                                  keras.losses.MeanSquaredError(reduction="sum_over_batch_size"),
+                                  [keras.losses.mean_squared_error]])
+def test_losses_averaging_over_the_batch_are_attached(loss):
+    strategy = PipelineStrategy(devices=["/cpu:0"], num_microbatches=2)
+    model = chain()
+    model.compile("sgd", loss)
+    assert strategy.attach(model) is model
+
+
 def test_horovod_devices_need_hvd_init():
     pytest.importorskip("horovod.tensorflow")
     # In a fresh process: other test modules initialise Horovod in this one.

@@ -13,6 +13,7 @@ import functools
 
 import tensorflow as tf
 
+from tfsparse._framework_internal import compiled_losses
 from tfsparse._framework_internal import count_steps
 from tfsparse._framework_internal import model_level_losses
 from tfsparse._keras import keras
@@ -32,6 +33,9 @@ from tfsparse.partition.shards import partitionable
 # The model methods that define its steps. The pipeline runs steps of its own
 # (the loss by ``compiled_loss`` per micro-batch, ``compiled_metrics``), so a
 # model that overrides one of them would have it bypassed: it is refused.
+# Loss reductions that average over the batch (Keras's default, "auto", does).
+MEAN_REDUCTIONS = (keras.losses.Reduction.AUTO, keras.losses.Reduction.SUM_OVER_BATCH_SIZE)
+
 STEP_METHODS = ("train_step", "test_step", "predict_step", "compute_loss",
                 "compute_metrics", "make_train_function", "make_test_function",
                 "make_predict_function")
@@ -51,6 +55,17 @@ def check_attachable(model):
     if getattr(model, "compiled_loss", None) is None:
         raise invalid("model", "a compiled model (call model.compile, then "
                       "strategy.attach(model))", model.name)
+    # The pipeline averages the micro-batches' losses and gradients, which
+    # is the batch's for a mean over the batch only: a sum would come out
+    # num_microbatches times too small.
+    for loss in compiled_losses(model):
+        reduction = getattr(loss, "reduction", MEAN_REDUCTIONS[0])
+        if reduction not in MEAN_REDUCTIONS:
+            raise invalid(
+                "model", "a model compiled with losses that average over the batch "
+                f"(reduction {' or '.join(map(repr, MEAN_REDUCTIONS))}: the pipeline "
+                "averages its micro-batches)",
+                f"{getattr(loss, 'name', type(loss).__name__)!r} with reduction {reduction!r}")
 
 
 class Binding:
