@@ -80,3 +80,34 @@ def test_error_feedback_residuals_move_with_the_values():
         old_keys, selection.keys_of(layer.pattern.rows, layer.pattern.cols, 8))
     np.testing.assert_array_equal(residual.numpy()[source >= 0], before[source[source >= 0]])
     np.testing.assert_array_equal(residual.numpy()[source < 0], 0)
+
+
+def test_gradient_sums_between_two_exchanges_move_with_the_values():
+    # backward_passes_per_step=2: a pattern update between two exchanges left
+    # the sum of the first pass in the old order, so the exchange applied
+    # gradients to the wrong connections (grown ones included), silently.
+    hvd = pytest.importorskip("horovod.tensorflow.keras", reason="Horovod is not installed")
+    from tfsparse.horovod import DistributedOptimizer
+
+    hvd.init()
+    keras.utils.set_random_seed(0)
+    layer = SparseDense(5, density=0.4, seed=0)
+    model = keras.Sequential([keras.Input((8,)), layer])
+    model.compile(DistributedOptimizer(keras.optimizers.SGD(0.01),
+                                       backward_passes_per_step=2), "mse")
+    rng = np.random.default_rng(0)
+    model.fit(rng.standard_normal((6, 8)), rng.standard_normal((6, 5)), epochs=3, verbose=0)
+    accumulated = _optimizer_state.accumulated_of(model.optimizer, layer.values)
+    assert int(model.optimizer.gradient_accumulator.counter.numpy()) == 1  # one pass summed
+    assert accumulated is not None and np.any(accumulated.numpy() != 0)
+    assert any(s is accumulated for s in
+               _optimizer_state.position_state(model.optimizer, layer.values))
+    old_keys = selection.keys_of(layer.pattern.rows, layer.pattern.cols, 8)
+    before = accumulated.numpy()
+    drop_and_grow(layer, 0.5, lambda taken, n: selection.random_free_keys(rng, 40, n, taken),
+                  optimizer=model.optimizer)
+    source = selection.new_order(
+        old_keys, selection.keys_of(layer.pattern.rows, layer.pattern.cols, 8))
+    assert np.any(source < 0)
+    np.testing.assert_array_equal(accumulated.numpy()[source >= 0], before[source[source >= 0]])
+    np.testing.assert_array_equal(accumulated.numpy()[source < 0], 0)

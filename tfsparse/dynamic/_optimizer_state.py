@@ -1,8 +1,9 @@
 """The per-position state an optimizer keeps for a variable.
 
 When a layer's nonzeros move, every state shaped like its values vector
-moves with them: the optimizer's slots (Adam's moments, momentum, ...) and
-the error-feedback residuals of ``tfsparse.horovod.DistributedOptimizer``.
+moves with them: the optimizer's slots (Adam's moments, momentum, ...), and
+the error-feedback residuals and the sums of gradients over
+``backward_passes_per_step`` passes of ``tfsparse.horovod.DistributedOptimizer``.
 Keras has no public way to list a variable's slots in its new optimizers:
 ``tfsparse._framework_internal.optimizer_slot_index`` reads where they are
 (tests/dynamic/test_optimizer_state.py and tests/test_framework_internal.py
@@ -51,14 +52,19 @@ def residual_of(optimizer, variable):
     return None if exchange is None else exchange.residual_of(variable)
 
 
+def accumulated_of(optimizer, variable):
+    """The sum of ``variable``'s gradients over the passes so far, or None without one."""
+    accumulator = getattr(_inner(optimizer), "gradient_accumulator", None)
+    return None if accumulator is None else accumulator.sum_of(variable)
+
+
 def position_state(optimizer, variable):
     """Every variable shaped like ``variable`` whose entries follow its positions."""
     if optimizer is None:
         return []
     state = slots_of(optimizer, variable)
-    residual = residual_of(optimizer, variable)
-    if residual is not None:
-        state.append(residual)
+    state += [extra for extra in (residual_of(optimizer, variable),
+                                  accumulated_of(optimizer, variable)) if extra is not None]
     for slot in state:
         if slot.shape != variable.shape:
             raise NotImplementedError(

@@ -50,6 +50,7 @@ class GradientAccumulator(tf.Module):
         self._sparse_as_dense = _validation.check_bool("sparse_as_dense", sparse_as_dense)
         self.sums = []
         self._variable_names = self._no_dependency([])
+        self._variable_refs = self._no_dependency([])
         with self.name_scope:
             self.counter = tf.Variable(0, dtype=tf.int64, trainable=False, name="counter")
 
@@ -58,6 +59,7 @@ class GradientAccumulator(tf.Module):
         if self.sums:
             return
         self._variable_names.extend(v.name for v in variables)
+        self._variable_refs.extend(v.ref() for v in variables)
         with self.name_scope:
             # Extending the tracked list lets a checkpoint restored earlier reach them.
             self.sums.extend(
@@ -65,6 +67,12 @@ class GradientAccumulator(tf.Module):
                             name="sum_" + v.name.split(":")[0].replace("/", "_"))
                 for v in variables
             )
+
+    def sum_of(self, variable):
+        """The sum kept for ``variable``, or None (before the first pass, or not one of its)."""
+        if variable.ref() not in self._variable_refs:
+            return None
+        return self.sums[self._variable_refs.index(variable.ref())]
 
     def add(self, gradients):
         """Adds one pass's gradients; returns a bool tensor: this pass completes the sum."""
