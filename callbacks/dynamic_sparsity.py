@@ -28,7 +28,8 @@ class DynamicSparsity(keras.callbacks.Callback):
     respect to the dense kernel is largest, SET (Mocanu et al. 2018)
     uniformly random ones. ``f(t) = drop_fraction / 2 * (1 + cos(pi t /
     end_step))`` (``decay="cosine"``, RigL's). Grown weights start at 0 and
-    their optimizer slots and error-feedback residuals at 0; surviving weights
+    their optimizer slots and error-feedback residuals at 0 (Adagrad's and
+    Ftrl's accumulators at ``initial_accumulator_value``); surviving weights
     keep theirs (``tfsparse.dynamic.drop_and_grow``). The model trains on the
     nonzeros only all along: the dense gradient RigL needs is formed
     ``block_elements`` entries at a time at update steps only.

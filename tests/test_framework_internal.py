@@ -55,6 +55,19 @@ def test_compiled_losses_are_the_losses_given_to_compile_flat():
         "mse", absolute, keras.losses.mean_squared_error]
 
 
+def test_adagrad_and_ftrl_accumulators_and_their_initial_value():
+    variable = tf.Variable(tf.ones([3]))
+    for make in (keras.optimizers.Adagrad, keras.optimizers.Ftrl):
+        optimizer = make(0.1, initial_accumulator_value=0.3)
+        assert _framework_internal.accumulator_slots(optimizer) == []
+        optimizer.apply_gradients([(tf.zeros([3]), variable)])
+        (slot,) = _framework_internal.accumulator_slots(optimizer)
+        np.testing.assert_allclose(slot.numpy(), 0.3)
+    for make in (keras.optimizers.legacy.Adagrad, keras.optimizers.legacy.Ftrl):
+        optimizer = make(0.1, initial_accumulator_value=0.3)
+        assert _framework_internal.legacy_initial_accumulator_value(optimizer) == 0.3
+
+
 def test_graph_networks_are_the_models_keras_can_clone():
     inputs = keras.Input((3,))
     functional = keras.Model(inputs, keras.layers.Dense(1)(inputs))

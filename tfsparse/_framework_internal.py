@@ -149,6 +149,20 @@ def optimizer_slot_index(optimizer, variable):
     return None if index is None else (index, len(optimizer._index_dict))
 
 
+def accumulator_slots(optimizer):
+    """Adagrad's and Ftrl's (non-legacy) accumulator slots, one per built variable.
+
+    They start at ``initial_accumulator_value``, not 0; tf_keras keeps them
+    in ``_accumulators`` (empty before the first step).
+    """
+    return list(vars(optimizer).get("_accumulators", []))
+
+
+def legacy_initial_accumulator_value(optimizer):
+    """The value a legacy Adagrad's or Ftrl's "accumulator" slots start at."""
+    return optimizer._initial_accumulator_value
+
+
 def steps_per_execution(model):
     """How many steps the model's next train, test or predict execution runs.
 

@@ -111,3 +111,32 @@ def test_gradient_sums_between_two_exchanges_move_with_the_values():
     assert np.any(source < 0)
     np.testing.assert_array_equal(accumulated.numpy()[source >= 0], before[source[source >= 0]])
     np.testing.assert_array_equal(accumulated.numpy()[source < 0], 0)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: keras.optimizers.Ftrl(0.01, initial_accumulator_value=0.3),
+    lambda: keras.optimizers.Adagrad(0.01, initial_accumulator_value=0.3),
+    lambda: keras.optimizers.legacy.Ftrl(0.01, initial_accumulator_value=0.3),
+    lambda: keras.optimizers.legacy.Adagrad(0.01, initial_accumulator_value=0.3),
+], ids=["ftrl", "adagrad", "legacy-ftrl", "legacy-adagrad"])
+def test_grown_accumulators_start_where_a_fresh_weight_s_do(make):
+    # At 0, Ftrl's update (a power of the accumulator in a denominator)
+    # turned the grown weights into NaN one step after the update.
+    model, layer = _trained(make())
+    slots = _optimizer_state.slots_of(model.optimizer, layer.values)
+    fresh = [_optimizer_state.fresh_value(model.optimizer, layer.values, s) for s in slots]
+    assert sorted(fresh) == ([0.0, 0.3] if len(slots) == 2 else [0.3])  # Ftrl's linear: 0
+    old_keys = selection.keys_of(layer.pattern.rows, layer.pattern.cols, 8)
+    before = [s.numpy() for s in slots]
+    rng = np.random.default_rng(2)
+    drop_and_grow(layer, 0.5, lambda taken, n: selection.random_free_keys(rng, 40, n, taken),
+                  optimizer=model.optimizer)
+    source = selection.new_order(
+        old_keys, selection.keys_of(layer.pattern.rows, layer.pattern.cols, 8))
+    assert np.any(source < 0)
+    for slot, old, value in zip(slots, before, fresh):
+        np.testing.assert_array_equal(slot.numpy()[source >= 0], old[source[source >= 0]])
+        np.testing.assert_allclose(slot.numpy()[source < 0], value)
+    x = np.random.default_rng(3).standard_normal((6, 8))
+    model.fit(x, np.zeros((6, 5)), verbose=0)
+    assert np.all(np.isfinite(layer.values.numpy()))

@@ -52,6 +52,23 @@ def residual_of(optimizer, variable):
     return None if exchange is None else exchange.residual_of(variable)
 
 
+def fresh_value(optimizer, variable, state):
+    """What ``state`` (one of ``position_state``'s) holds for a position not yet stepped.
+
+    0, but for Adagrad's and Ftrl's accumulators, which start at their
+    ``initial_accumulator_value`` (Ftrl's update divides by a power of it:
+    at 0 a grown weight became NaN).
+    """
+    optimizer = _inner(optimizer)
+    if isinstance(optimizer, (keras.optimizers.Adagrad, keras.optimizers.Ftrl)):
+        if any(state is slot for slot in _framework_internal.accumulator_slots(optimizer)):
+            return float(optimizer.initial_accumulator_value)
+    elif isinstance(optimizer, (keras.optimizers.legacy.Adagrad, keras.optimizers.legacy.Ftrl)):
+        if state is optimizer.get_slot(variable, "accumulator"):
+            return float(_framework_internal.legacy_initial_accumulator_value(optimizer))
+    return 0.0
+
+
 def accumulated_of(optimizer, variable):
     """The sum of ``variable``'s gradients over the passes so far, or None without one."""
     accumulator = getattr(_inner(optimizer), "gradient_accumulator", None)

@@ -17,8 +17,10 @@ def drop_and_grow(layer, fraction, grow, optimizer=None, agree=None):
     then grows as many positions chosen by ``grow`` among those not kept (a
     weight just dropped may grow back: it then keeps its value, as in RigL).
     Surviving weights keep their values and optimizer state; grown ones
-    start at 0 with zero state (optimizer slots and error-feedback
-    residuals); dropped ones lose theirs. The layer's pattern stays sorted.
+    start at 0 with the state of a weight never stepped (zero optimizer
+    slots, but Adagrad's and Ftrl's accumulators at their
+    ``initial_accumulator_value``; zero error-feedback residuals and gradient
+    sums); dropped ones lose theirs. The layer's pattern stays sorted.
 
     Args:
       layer: a built ``SparseDense`` or ``SparseConv2D`` (its im2col kernel
@@ -64,16 +66,17 @@ def drop_and_grow(layer, fraction, grow, optimizer=None, agree=None):
         raise RuntimeError("A pattern update must keep nnz distinct positions.")
     taken_from, new = np.maximum(source, 0), np.flatnonzero(source < 0)
 
-    def moved(array):  # one gather, then zeros at the new positions
+    def moved(array, fresh=0):  # one gather, then `fresh` at the new positions
         array = array[taken_from]
-        array[new] = 0
+        array[new] = fresh
         return array
 
     states = _optimizer_state.position_state(optimizer, layer.values)
     cols, rows = np.divmod(new_keys, input_dim)
     layer.set_pattern(SparsityPattern(rows, cols, shape), moved(values))
     for state in states:
-        state.assign(moved(state.numpy()))
+        state.assign(moved(state.numpy(),
+                           _optimizer_state.fresh_value(optimizer, layer.values, state)))
     return int(new.size)
 
 
