@@ -35,6 +35,15 @@ def _trained(optimizer):
     return model, layer
 
 
+def _drop_half_and_grow(layer, optimizer, rng):
+    """Moves half the layer's nonzeros at random; returns each new position's old one (-1: grown)."""
+    old_keys = selection.keys_of(layer.pattern.rows, layer.pattern.cols, 8)
+    drop_and_grow(layer, 0.5, lambda taken, n: selection.random_free_keys(rng, 40, n, taken),
+                  optimizer=optimizer)
+    return selection.new_order(
+        old_keys, selection.keys_of(layer.pattern.rows, layer.pattern.cols, 8))
+
+
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
 def test_slots_of_the_values_are_found_and_move_with_them(name):
     make, count = OPTIMIZERS[name]
@@ -42,13 +51,8 @@ def test_slots_of_the_values_are_found_and_move_with_them(name):
     slots = _optimizer_state.slots_of(model.optimizer, layer.values)
     assert len(slots) == count
     assert all(s.shape == layer.values.shape and np.any(s.numpy() != 0) for s in slots)
-    old_keys = selection.keys_of(layer.pattern.rows, layer.pattern.cols, 8)
     before = [s.numpy() for s in slots]
-    rng = np.random.default_rng(0)
-    drop_and_grow(layer, 0.5, lambda taken, n: selection.random_free_keys(rng, 40, n, taken),
-                  optimizer=model.optimizer)
-    source = selection.new_order(
-        old_keys, selection.keys_of(layer.pattern.rows, layer.pattern.cols, 8))
+    source = _drop_half_and_grow(layer, model.optimizer, np.random.default_rng(0))
     assert np.any(source < 0)
     for slot, old in zip(slots, before):
         np.testing.assert_array_equal(slot.numpy()[source >= 0], old[source[source >= 0]])
@@ -71,13 +75,8 @@ def test_error_feedback_residuals_move_with_the_values():
     assert residual is not None and np.any(residual.numpy() != 0)
     state = _optimizer_state.position_state(model.optimizer, layer.values)
     assert any(s is residual for s in state)
-    old_keys = selection.keys_of(layer.pattern.rows, layer.pattern.cols, 8)
     before = residual.numpy()
-    rng = np.random.default_rng(1)
-    drop_and_grow(layer, 0.5, lambda taken, n: selection.random_free_keys(rng, 40, n, taken),
-                  optimizer=model.optimizer)
-    source = selection.new_order(
-        old_keys, selection.keys_of(layer.pattern.rows, layer.pattern.cols, 8))
+    source = _drop_half_and_grow(layer, model.optimizer, np.random.default_rng(1))
     np.testing.assert_array_equal(residual.numpy()[source >= 0], before[source[source >= 0]])
     np.testing.assert_array_equal(residual.numpy()[source < 0], 0)
 
@@ -102,12 +101,8 @@ def test_gradient_sums_between_two_exchanges_move_with_the_values():
     assert accumulated is not None and np.any(accumulated.numpy() != 0)
     assert any(s is accumulated for s in
                _optimizer_state.position_state(model.optimizer, layer.values))
-    old_keys = selection.keys_of(layer.pattern.rows, layer.pattern.cols, 8)
     before = accumulated.numpy()
-    drop_and_grow(layer, 0.5, lambda taken, n: selection.random_free_keys(rng, 40, n, taken),
-                  optimizer=model.optimizer)
-    source = selection.new_order(
-        old_keys, selection.keys_of(layer.pattern.rows, layer.pattern.cols, 8))
+    source = _drop_half_and_grow(layer, model.optimizer, rng)
     assert np.any(source < 0)
     np.testing.assert_array_equal(accumulated.numpy()[source >= 0], before[source[source >= 0]])
     np.testing.assert_array_equal(accumulated.numpy()[source < 0], 0)
@@ -126,13 +121,8 @@ def test_grown_accumulators_start_where_a_fresh_weight_s_do(make):
     slots = _optimizer_state.slots_of(model.optimizer, layer.values)
     fresh = [_optimizer_state.fresh_value(model.optimizer, layer.values, s) for s in slots]
     assert sorted(fresh) == ([0.0, 0.3] if len(slots) == 2 else [0.3])  # Ftrl's linear: 0
-    old_keys = selection.keys_of(layer.pattern.rows, layer.pattern.cols, 8)
     before = [s.numpy() for s in slots]
-    rng = np.random.default_rng(2)
-    drop_and_grow(layer, 0.5, lambda taken, n: selection.random_free_keys(rng, 40, n, taken),
-                  optimizer=model.optimizer)
-    source = selection.new_order(
-        old_keys, selection.keys_of(layer.pattern.rows, layer.pattern.cols, 8))
+    source = _drop_half_and_grow(layer, model.optimizer, np.random.default_rng(2))
     assert np.any(source < 0)
     for slot, old, value in zip(slots, before, fresh):
         np.testing.assert_array_equal(slot.numpy()[source >= 0], old[source[source >= 0]])
