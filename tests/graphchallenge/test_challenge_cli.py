@@ -134,4 +134,39 @@ def test_size_without_a_challenge_bias(capsys):
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["--neurons", "64", "--layers", "2"])
     assert exit_info.value.code == 2
-    assert "expected one of the challenge's sizes" in capsys.readouterr().err
+    assert ('Received an invalid value for "--neurons", expected one of the challenge\'s sizes '
+            "1024, 4096, 16384, 65536, or --bias for another size. Received: --neurons=64"
+            ) in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--bias", "nan"], 'for "--bias", expected a finite number. Received: --bias=nan'),
+    (["--bias=-inf"], 'for "--bias", expected a finite number. Received: --bias=-inf'),
+    (["--seed", "-1"], 'for "--seed", expected a non-negative integer. Received: --seed=-1'),
+    (["--neurons", "63", "--bias", "0.1"],
+     'for "--neurons", expected a perfect square for generated inputs'),
+])
+def test_bad_options_name_the_option(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["--layers", "2", *argv])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_seed_with_data_is_an_error(challenge_dir, capsys):
+    directory, _ = challenge_dir
+    with pytest.raises(SystemExit):
+        cli.main(["--data", str(directory), "--neurons", "64", "--layers", "3", "--bias", "-0.3",
+                  "--seed", "1"])
+    assert 'for "--seed", expected no --seed with --data' in capsys.readouterr().err
+
+
+def test_truth_without_the_images_is_an_error(challenge_dir, capsys):
+    # Before, generated inputs were checked against the official inputs'
+    # categories: "tfsparse == truth: NO".
+    directory, _ = challenge_dir
+    (directory / "sparse-images-64.tsv").unlink()
+    with pytest.raises(SystemExit):
+        cli.main(["--data", str(directory), "--neurons", "64", "--layers", "3", "--bias", "-0.3"])
+    assert ('for "--data", expected a directory holding sparse-images-64.tsv beside '
+            "neuron64-l3-categories.tsv") in capsys.readouterr().err

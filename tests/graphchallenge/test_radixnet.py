@@ -121,7 +121,11 @@ def test_shift_sum_matrix_rejects_repeated_shifts():
          'Received an invalid value for "connections", expected a positive integer. '
          "Received: connections=0"),
         (dict(neurons=1024, layers=2, seed=0.5),
-         'Received an invalid value for "seed", expected an integer. Received: seed=0.5'),
+         'Received an invalid value for "seed", expected a non-negative integer. '
+         "Received: seed=0.5"),
+        (dict(neurons=1024, layers=2, seed=-1),
+         'Received an invalid value for "seed", expected a non-negative integer. '
+         "Received: seed=-1"),
         (dict(neurons=1024, layers=2, weight=float("nan")),
          'Received an invalid value for "weight", expected a finite nonzero number. Received: weight=nan'),
     ],

@@ -13,7 +13,7 @@ from tfsparse.graphchallenge import result_line
 def test_result_line_fields_and_rate():
     line = result_line(4096, 480, 62914560, 60000, 12.5, peak_rss=3 * 2**30)
     # 60,000 * 62,914,560 / 12.5 = 3.01989888e11
-    assert line == ("RESULT neurons=4096 layers=480 edges=62914560 inputs=60000 seconds=12.5000 "
+    assert line == ("RESULT neurons=4096 layers=480 edges=62914560 inputs=60000 seconds=12.5 "
                     "edges_per_second=3.0199e+11 peak_rss_mib=3072")
     assert parse_result_line(line) == {
         "neurons": 4096, "layers": 480, "edges": 62914560, "inputs": 60000, "seconds": 12.5,
@@ -21,7 +21,8 @@ def test_result_line_fields_and_rate():
 
 
 @pytest.mark.parametrize("name, value", [("neurons", 0), ("layers", 2.0), ("edges", -1),
-                                         ("inputs", 0), ("seconds", 0.0)])
+                                         ("inputs", 0), ("seconds", 0.0),
+                                         ("seconds", float("inf"))])
 def test_result_line_rejects_bad_values(name, value):
     arguments = {"neurons": 1024, "layers": 120, "edges": 3932160, "inputs": 5000, "seconds": 1.0}
     arguments[name] = value
@@ -31,7 +32,20 @@ def test_result_line_rejects_bad_values(name, value):
         result_line(**arguments)
 
 
-@pytest.mark.parametrize("line", ["neurons=1", "RESULT neurons=1 speed=3"])
+def test_a_short_run_reads_back_as_it_was_written():
+    # Four decimals wrote a nanosecond as seconds=0.0000.
+    assert parse_result_line(result_line(16, 2, 64, 1, 1e-9))["seconds"] == 1e-9
+
+
+FIELDS = "neurons=1024 layers=2 edges=65536 inputs=10 edges_per_second=1.3107e+06"
+
+
+@pytest.mark.parametrize("line", [
+    "neurons=1", "RESULT neurons=1 speed=3", "RESULT neurons",
+    f"RESULT {FIELDS} seconds=0.5 seconds=0.6",  # repeated
+    "RESULT neurons=1024 layers=2 inputs=10 seconds=0.5",  # missing fields
+    f"RESULT {FIELDS} seconds=inf", f"RESULT {FIELDS} seconds=abc",
+])
 def test_parse_result_line_rejects_other_lines(line):
     with pytest.raises(ValueError, match='Received an invalid value for "line"'):
         parse_result_line(line)

@@ -45,7 +45,8 @@ def parse_args(argv):
                         help="directory of the official TSV files (network, and images and "
                              "categories when present); default: generate")
     parser.add_argument("--inputs", type=int, default=None, help=_INPUTS_HELP)
-    parser.add_argument("--seed", type=int, default=0, help="seed of the generated network")
+    parser.add_argument("--seed", type=int, default=None,
+                        help="seed of the generated network (default 0; not with --data)")
     parser.add_argument("--bias", type=float, default=None,
                         help="bias (default: the challenge's value for --neurons)")
     parser.add_argument("--batch-size", type=int, default=None,
@@ -71,8 +72,34 @@ def _check_args(args):
         value = getattr(args, name)
         if value is not None:  # None: the option's automatic default
             check_positive_int("--" + name.replace("_", "-"), value)
+    if args.data is not None and args.seed is not None:
+        raise invalid_value("--seed", "no --seed with --data (it seeds a generated network)",
+                            args.seed)
+    if args.seed is None:
+        args.seed = 0
+    if args.seed < 0:
+        raise invalid_value("--seed", "a non-negative integer", args.seed)
     if args.bias is None:
-        args.bias = gc.default_bias(args.neurons)
+        try:
+            args.bias = gc.default_bias(args.neurons)
+        except ValueError:
+            raise invalid_value(
+                "--neurons", "one of the challenge's sizes 1024, 4096, 16384, 65536, or "
+                "--bias for another size", args.neurons) from None
+    elif not np.isfinite(args.bias):
+        raise invalid_value("--bias", "a finite number", args.bias)
+    side = int(round(args.neurons ** 0.5))
+    images = _existing(args.data, f"sparse-images-{args.neurons}.tsv")
+    if images is None and side * side != args.neurons:
+        raise invalid_value(
+            "--neurons", "a perfect square for generated inputs (images of sqrt(N) x "
+            "sqrt(N) pixels), or --data with the images file", args.neurons)
+    truth = _existing(args.data, f"neuron{args.neurons}-l{args.layers}-categories.tsv")
+    if images is None and truth is not None:
+        raise invalid_value(
+            "--data", f"a directory holding sparse-images-{args.neurons}.tsv beside {truth.name} "
+            "(its categories are those of the official inputs, not of generated ones)",
+            str(args.data))
 
 
 def load_problem(args):

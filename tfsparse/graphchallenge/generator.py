@@ -91,8 +91,8 @@ def radixnet(neurons, layers, seed=0, connections=DEFAULT_CONNECTIONS, weight=DE
     """
     strides = radixnet_strides(neurons, connections)
     check_positive_int("layers", layers)
-    if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool):
-        raise invalid_value("seed", "an integer", seed)
+    if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or seed < 0:
+        raise invalid_value("seed", "a non-negative integer", seed)
     if not np.isfinite(weight) or weight == 0:
         raise invalid_value("weight", "a finite nonzero number", weight)
     rng = np.random.default_rng(seed)

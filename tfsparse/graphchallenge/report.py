@@ -33,15 +33,15 @@ def result_line(neurons, layers, edges, inputs, seconds, peak_rss=None):
 
     Example:
         >>> result_line(1024, 120, 3932160, 60000, 2.0)
-        'RESULT neurons=1024 layers=120 edges=3932160 inputs=60000 seconds=2.0000 edges_per_second=1.1796e+11'
+        'RESULT neurons=1024 layers=120 edges=3932160 inputs=60000 seconds=2.0 edges_per_second=1.1796e+11'
     """
     for name, value in (("neurons", neurons), ("layers", layers), ("edges", edges),
                         ("inputs", inputs)):
         check_positive_int(name, value)
-    if not seconds > 0:
+    if not 0 < seconds < float("inf"):
         raise invalid_value("seconds", "a positive number", seconds)
     fields = [f"neurons={neurons}", f"layers={layers}", f"edges={edges}", f"inputs={inputs}",
-              f"seconds={seconds:.4f}", f"edges_per_second={inputs * edges / seconds:.4e}"]
+              f"seconds={float(f'{seconds:.6g}')!r}", f"edges_per_second={inputs * edges / seconds:.4e}"]
     if peak_rss is not None:
         fields.append(f"peak_rss_mib={peak_rss / 2**20:.0f}")
     return "RESULT " + " ".join(fields)
@@ -58,9 +58,27 @@ def parse_result_line(line):
     words = line.split()
     if not words or words[0] != "RESULT":
         raise invalid_value("line", "a line starting with 'RESULT'", line)
-    fields = dict(word.split("=", 1) for word in words[1:])
-    unknown = set(fields) - set(_FIELDS)
-    if unknown:
-        raise invalid_value("line", f"fields among {_FIELDS}", received=f"fields {sorted(unknown)}")
-    return {name: (float(value) if "." in value or "e" in value else int(value))
-            for name, value in fields.items()}
+    malformed = [word for word in words[1:] if "=" not in word]
+    if malformed:
+        raise invalid_value("line", "key=value fields after 'RESULT'",
+                            received=f"the words {malformed} in {line!r}")
+    pairs = [word.split("=", 1) for word in words[1:]]
+    names = [name for name, _ in pairs]
+    unknown = sorted(set(names) - set(_FIELDS))
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    missing = [name for name in _FIELDS[:-1] if name not in names]  # peak memory is optional
+    if unknown or repeated or missing:
+        raise invalid_value(
+            "line", f"each of the fields {_FIELDS} once (the last optional)",
+            received=f"unknown {unknown}, repeated {repeated}, missing {missing} in {line!r}")
+    fields = {}
+    for name, value in pairs:
+        try:
+            number = float(value) if "." in value or "e" in value else int(value)
+        except ValueError:
+            number = None
+        if number is None or not 0 < number < float("inf"):
+            raise invalid_value("line", f"a positive finite number for {name}",
+                                received=f"{name}={value} in {line!r}")
+        fields[name] = number
+    return fields

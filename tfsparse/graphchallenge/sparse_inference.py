@@ -89,8 +89,18 @@ def prepare_network(weights):
 
 
 def count_edges(weights):
-    """Returns the number of nonzeros of all layers (the challenge's edges)."""
-    return int(sum(weight.nnz for weight in weights))
+    """Returns the number of nonzeros of all layers (the challenge's edges).
+
+    Stored zeros are not edges, and duplicate entries of a position are one
+    (``count_nonzero``, not ``nnz``).
+
+    Example:
+        >>> import scipy.sparse
+        >>> count_edges([scipy.sparse.coo_matrix(([1.0, 2.0, 0.0], ([0, 0, 1], [1, 1, 0])),
+        ...                                      shape=(2, 2))])
+        1
+    """
+    return int(sum(weight.count_nonzero() for weight in weights))
 
 
 def inference(features, weights, bias, batch_size=None, progress=True):
