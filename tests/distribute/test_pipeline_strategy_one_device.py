@@ -70,7 +70,7 @@ def test_simulate_uses_the_executed_plan_and_explicit_stages():
      "names. Received: devices='/cpu:0'"),
     (dict(costs=[(1, 1)]),
      'Received an invalid value for "costs", expected a non-empty list of (forward, '
-     "backward_input, backward_weight) tuples of non-negative numbers. "
+     "backward_input, backward_weight) tuples of finite non-negative numbers. "
      "Received: costs=[(1, 1)]"),
 ])
 def test_bad_constructor_arguments(kwargs, message):

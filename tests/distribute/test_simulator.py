@@ -101,7 +101,13 @@ def test_explicit_stages_and_schedule_object():
 @pytest.mark.parametrize("kwargs,message", [
     (dict(costs=[(1, 1)]), 'Received an invalid value for "costs", expected a '
      "non-empty list of (forward, backward_input, backward_weight) tuples of "
-     "non-negative numbers. Received: costs=[(1, 1)]"),
+     "finite non-negative numbers. Received: costs=[(1, 1)]"),
+    (dict(costs=[(float("nan"), 1, 1)] * 2), 'Received an invalid value for "costs", expected '
+     "a non-empty list of (forward, backward_input, backward_weight) tuples of finite "
+     "non-negative numbers. Received: costs=[(nan, 1, 1), (nan, 1, 1)]"),
+    (dict(costs=[(1, float("inf"), 1)]), 'Received an invalid value for "costs", expected '
+     "a non-empty list of (forward, backward_input, backward_weight) tuples of finite "
+     "non-negative numbers. Received: costs=[(1, inf, 1)]"),
     (dict(costs=[(1, 1, 1)], num_stages=2), 'Received an invalid value for '
      '"num_stages", expected at most the number of layers (1). Received: num_stages=2'),
     (dict(costs=[(1, 1, 1)] * 2, num_stages=2, stages=[[1], [0]]),

@@ -199,6 +199,9 @@ def test_sparse_dense_model_is_accepted():
     ({"k": 2, "refine": -1},
      'Received an invalid value for "refine", expected a non-negative '
      "integer. Received: refine=-1"),
+    ({"k": 2, "method": "random", "seed": -1},
+     'Received an invalid value for "seed", expected a non-negative integer. Received: seed=-1'),
+    ({"k": 2, "seed": 0.5}, "Received: seed=0.5"),
 ])
 def test_invalid_arguments(kwargs, message):
     kernels = [scipy.sparse.random(20, 16, density=0.2, random_state=0),
@@ -222,3 +225,11 @@ def test_invalid_weights():
         partition_rows([], 2)
     with pytest.raises(ValueError, match=r"Received: kernel 0 of shape \(5,\)"):
         partition_rows([np.ones(5)], 2)
+
+
+def test_numpy_scalars_are_accepted():
+    # np.float32(0.03) was refused as not "a float in [0, 1)".
+    kernels = [scipy.sparse.random(20, 16, density=0.2, random_state=0)]
+    part = partition_rows(kernels, np.int64(2), "random", epsilon=np.float32(0.03),
+                          seed=np.int64(3))
+    assert part.k == 2 and part.epsilon == pytest.approx(0.03)

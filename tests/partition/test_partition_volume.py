@@ -114,3 +114,23 @@ def test_banded_network_and_relabelling():
     for layer, kernel in enumerate(relabelled):
         expected = kernels[layer].toarray()[perms[layer]][:, perms[layer + 1]]
         np.testing.assert_array_equal(kernel.toarray(), expected)
+
+
+@pytest.mark.parametrize("owners, message", [
+    ([[0, 0, 0], [0, 5]], "expected workers in [0, k=2). Received: owners[1] with entries from "
+                          "0 to 5"),
+    ([[0, 0, 0], [-1, 0]], "Received: owners[1] with entries from -1 to 0"),
+    ([[0, 0, 0], [0, 1, 1]], "expected owners[1] of 2 integers (level 1's neurons). Received: "
+                             "owners[1] of shape (3,)"),
+    ([[0, 0, 0], [0.7, 1.9]], "Received: owners[1] of shape (2,) and dtype float64"),
+    ([[0, 0, 0]], "expected a list of 2 arrays, one per level"),
+])
+def test_bad_owners_are_clear_errors(owners, message):
+    # Before: SciPy's index errors, or an IndexError, or floats truncated.
+    kernel = np.ones((3, 2))
+    for compute in (lambda: communication_volume([kernel], owners, 2),
+                    lambda: Partition.from_owners([kernel], owners, 2)):
+        with pytest.raises(ValueError) as error:
+            compute()
+        assert str(error.value).startswith('Received an invalid value for "owners"')
+        assert message in str(error.value)

@@ -25,6 +25,7 @@ stage.
 """
 
 import dataclasses
+import math
 
 from tfsparse._validation import check_positive_int
 from tfsparse._validation import invalid_value as invalid
@@ -90,9 +91,10 @@ def check_costs(costs):
     except (TypeError, ValueError):
         raise invalid("costs", "a list of (forward, backward_input, "
                       "backward_weight) tuples, one per layer", costs) from None
-    if not triples or any(len(t) != 3 or min(t) < 0 for t in triples):
+    if not triples or any(len(t) != 3 or not all(0 <= c < math.inf for c in t)
+                          for t in triples):
         raise invalid("costs", "a non-empty list of (forward, backward_input, "
-                      "backward_weight) tuples of non-negative numbers", costs)
+                      "backward_weight) tuples of finite non-negative numbers", costs)
     return triples
 
 

@@ -29,6 +29,7 @@ with both neighbours fixed, where the objective is exact for both layers,
 keeping a new assignment only where the exact volume drops.
 """
 
+import numbers
 import time
 
 import numpy as np
@@ -106,7 +107,7 @@ def _check_method(method):
 
 def check_workers(sizes, k, epsilon):
     """Checks ``k`` and ``epsilon`` against a network's layer sizes."""
-    if (isinstance(epsilon, bool) or not isinstance(epsilon, (int, float))
+    if (isinstance(epsilon, bool) or not isinstance(epsilon, numbers.Real)
             or not 0.0 <= epsilon < 1.0):
         raise invalid_value("epsilon", "a float in [0, 1)", epsilon)
     smallest = min(sizes)
@@ -118,7 +119,7 @@ def check_workers(sizes, k, epsilon):
 
 
 def _check_hypergraph_options(lookahead, refine, runs, preset):
-    if (isinstance(lookahead, bool) or not isinstance(lookahead, (int, float))
+    if (isinstance(lookahead, bool) or not isinstance(lookahead, numbers.Real)
             or not 0.0 <= lookahead <= 1.0):
         raise invalid_value("lookahead", "a float in [0, 1]", lookahead)
     check_non_negative_int("refine", refine)
@@ -196,8 +197,9 @@ def partition_rows(weights, k, method="hypergraph", epsilon=0.03, seed=0, *,
     sizes = check_chain(kernels)
     _check_method(method)
     check_workers(sizes, k, epsilon)
+    check_non_negative_int("seed", seed)
     _check_hypergraph_options(lookahead, refine, runs, preset)
-    k = int(k)
+    k, epsilon, lookahead = int(k), float(epsilon), float(lookahead)
     patterns = [pattern_matrix(kernel) for kernel in kernels]
     works = [np.asarray(p.sum(axis=0)).ravel() for p in patterns]
     start = time.perf_counter()

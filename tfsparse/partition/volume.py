@@ -20,6 +20,9 @@ twice this.
 import numpy as np
 import scipy.sparse
 
+from tfsparse._validation import check_positive_int
+from tfsparse._validation import invalid_value
+
 
 def pattern_matrix(kernel):
     """Returns the structural pattern of a kernel as a CSR matrix of ones.
@@ -105,6 +108,38 @@ def layer_load(pattern, output_owners, k):
                        minlength=k).astype(np.int64)
 
 
+def check_owners(owners, sizes, k):
+    """``owners`` as int64 arrays, or a ``ValueError`` naming what is wrong.
+
+    One array per level of ``sizes`` (``[n_0, ..., n_L]``), each of that
+    level's length, of integers in ``[0, k)``.
+
+    Example:
+        >>> [o.tolist() for o in check_owners([[0, 1], (1, 1)], [2, 2], 2)]
+        [[0, 1], [1, 1]]
+    """
+    k = check_positive_int("k", k)
+    if not isinstance(owners, (list, tuple)) or len(owners) != len(sizes):
+        raise invalid_value(
+            "owners", f"a list of {len(sizes)} arrays, one per level (the inputs and each "
+            "layer's outputs)", received=f"{type(owners).__name__} of "
+            f"{len(owners) if hasattr(owners, '__len__') else 'no'} entries")
+    checked = []
+    for level, (owner, size) in enumerate(zip(owners, sizes)):
+        array = np.asarray(owner)
+        if array.shape != (size,) or not (array.size == 0 or np.issubdtype(array.dtype,
+                                                                            np.integer)):
+            raise invalid_value(
+                "owners", f"owners[{level}] of {size} integers (level {level}'s neurons)",
+                received=f"owners[{level}] of shape {array.shape} and dtype {array.dtype}")
+        if array.size and (array.min() < 0 or array.max() >= k):
+            raise invalid_value(
+                "owners", f"workers in [0, k={k})",
+                received=f"owners[{level}] with entries from {array.min()} to {array.max()}")
+        checked.append(array.astype(np.int64))
+    return checked
+
+
 def communication_volume(kernels, owners, k):
     """Exact per-layer traffic and load of a partitioned network.
 
@@ -126,6 +161,7 @@ def communication_volume(kernels, owners, k):
         ([[0, 1]], [[1, 0]], [[2, 1]])
     """
     patterns = [pattern_matrix(kernel) for kernel in kernels]
+    owners = check_owners(owners, [patterns[0].shape[0]] + [p.shape[1] for p in patterns], k)
     send, recv, load = [], [], []
     for layer, pattern in enumerate(patterns):
         s, r = layer_traffic(pattern, owners[layer], owners[layer + 1], k)
