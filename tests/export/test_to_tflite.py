@@ -233,3 +233,19 @@ def test_invalid_models_are_refused(model, expected):
     with pytest.raises(ValueError) as error:
         to_tflite(model)
     assert str(error.value) == expected
+
+
+def test_sparse_convolutions_are_refused_with_a_clear_error(tmp_path):
+    # Before: the converter's "'tf.TfsparseSparseConvForward' op is neither a
+    # custom op nor a flex op", or, inside tflite_compatible, an error naming
+    # an internal tensor 'sequential/sparse_conv2d/sub_10:0'.
+    from tfsparse.layers import SparseConv2D
+
+    model = keras.Sequential([keras.Input((6, 6, 2)),
+                              SparseConv2D(3, 3, density=0.5, name="sparse_conv")])
+    with pytest.raises(ValueError, match="expected a model without SparseConv2D layers .* "
+                                         "Received: layer 'sparse_conv' of type SparseConv2D"):
+        to_tflite(model)
+    with tflite_compatible(), pytest.raises(ValueError, match="sparse_conv2d \\(SparseConv2D\\) "
+                                                               "has no form of TFLite builtin"):
+        tf.saved_model.save(model, str(tmp_path / "saved"))

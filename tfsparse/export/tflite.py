@@ -4,6 +4,7 @@ import tensorflow as tf
 
 from tfsparse._keras import keras
 from tfsparse._validation import invalid_value
+from tfsparse.layers import SparseConv2D
 from tfsparse.ops.tflite import tflite_compatible
 
 
@@ -39,7 +40,8 @@ def to_tflite(model, fully_connected=False):
 
     Raises:
       ValueError: for a model that is not a built tf_keras model computing in
-        float32, or ``fully_connected`` for a kernel of 2 GiB or more.
+        float32, one with ``SparseConv2D`` layers (no TFLite form yet), or
+        ``fully_connected`` for a kernel of 2 GiB or more.
       tf.lite.ConverterError: if a layer needs ops that TFLite does not have
         as builtins.
 
@@ -69,6 +71,12 @@ def _check_model(model):
             "model", "a built model (call it on data or give it an Input first)",
             received=f"an unbuilt {type(model).__name__}")
     for layer in model.submodules:
+        if isinstance(layer, SparseConv2D):
+            raise invalid_value(
+                "model", "a model without SparseConv2D layers (sparse convolutions have no "
+                "form of TFLite builtin ops yet: export a SavedModel, or a copy with Conv2D "
+                "layers of kernel SparseConv2D.to_dense())",
+                received=f"layer {layer.name!r} of type SparseConv2D")
         if isinstance(layer, keras.layers.Layer) and layer.compute_dtype != "float32":
             raise invalid_value(
                 "model", "layers that compute in float32 (TFLite's builtin ops do; export a "

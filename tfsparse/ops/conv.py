@@ -6,6 +6,7 @@ from tfsparse.ops import _tf_internal
 from tfsparse.ops import kernels
 from tfsparse.ops.matmul import sparse_matmul
 from tfsparse.ops.sddmm import use_compiled_kernels
+from tfsparse.ops.tflite import in_tflite_compatible_scope
 
 
 class _TapPattern:
@@ -113,6 +114,12 @@ def sparse_conv2d(x, values, pattern, kernel_size, strides=(1, 1), padding="vali
       >>> sparse_conv2d(x, values.astype("float32"), pattern, (3, 3)).shape
       TensorShape([1, 3, 3, 4])
     """
+    if in_tflite_compatible_scope():
+        raise ValueError(
+            "sparse_conv2d (SparseConv2D) has no form of TFLite builtin ops: it cannot be "
+            "traced inside tflite_compatible() nor converted by to_tflite. Export the model "
+            "as a SavedModel (tf.saved_model.save), or convert a copy whose SparseConv2D "
+            "layers are Conv2D (kernel: SparseConv2D.to_dense()).")
     x = tf.convert_to_tensor(x)
     if x.dtype in (tf.float16, tf.bfloat16):
         # Sum the taps in float32 (as sparse_matmul does each tap), round once.
