@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+import scipy.sparse
 import tensorflow as tf
 
 from tfsparse._keras import keras
@@ -234,3 +235,26 @@ def test_conv_set_pattern_validates_the_pattern():
         layer.set_pattern(np.ones((rows, filters)), np.ones(layer.nnz))
     assert str(error.value) == ('Received an invalid value for "pattern", expected a '
                                 "tfsparse.ops.SparsityPattern. Received: pattern of type ndarray")
+
+
+@pytest.mark.parametrize("fraction, nnz, moved", [(0.29, 100, 29), (0.57, 100, 57),
+                                                  (0.3, 10, 3), (0.999, 100, 99)])
+def test_the_count_moved_is_the_floor_of_the_decimal_product(fraction, nnz, moved):
+    # In binary 0.29 * 100 is 28.999999999999996: floor took 28.
+    units = nnz // 10  # 10 nonzeros a unit, in the first 10 of 20 inputs
+    layer = SparseDense(units, pattern=scipy.sparse.csr_matrix(
+        (np.arange(1.0, nnz + 1), (np.tile(np.arange(10), units), np.repeat(np.arange(units), 10))),
+        shape=(20, units)))
+    layer.build((None, 20))
+    assert layer.nnz == nnz
+    rng = np.random.default_rng(0)
+    old = set(_layer_keys(layer).tolist())
+    count = []
+
+    def grow(taken, n):
+        count.append(n)
+        return selection.random_free_keys(rng, 20 * (nnz // 10), n, taken)
+
+    drop_and_grow(layer, fraction, grow)
+    assert count == [moved]
+    assert len(old - set(_layer_keys(layer).tolist())) <= moved

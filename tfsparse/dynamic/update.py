@@ -51,7 +51,9 @@ def drop_and_grow(layer, fraction, grow, optimizer=None, agree=None):
     # The layer's own sorted pattern: read as is (layer.pattern would check it again).
     old_keys = selection.keys_of(layer.pattern_rows.numpy(), layer.pattern_cols.numpy(),
                                  input_dim)
-    count = int(np.floor(fraction * nnz))  # as RigL: n_prune = floor
+    # As RigL: n_prune = floor(fraction * nnz), of the decimal product: in
+    # binary 0.29 * 100 is 28.999999999999996, which moved 28, not 29.
+    count = int(np.floor(round(fraction * nnz, 9)))
     if count == 0:
         return 0
     values = layer.values.numpy()
