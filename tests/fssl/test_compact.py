@@ -260,12 +260,22 @@ def test_unsupported_models_are_clear_errors(make, message):
     assert str(info.value) == message
 
 
-def test_invalid_dense_threshold():
+@pytest.mark.parametrize("kwargs, received", [
+    (dict(dense_threshold=1.5), "dense_threshold=1.5"),
+    (dict(dense_threshold=True), "dense_threshold=True"),
+    (dict(drop_inputs="no"), "drop_inputs='no'"),
+])
+def test_invalid_arguments_name_themselves(kwargs, received):
     model = build("dense", seed=0)
     with pytest.raises(ValueError) as info:
-        fssl.compact(model, dense_threshold=1.5)
-    assert str(info.value) == ('Received an invalid value for "dense_threshold", expected a '
-                               "float in [0, 1]. Received: dense_threshold=1.5")
+        fssl.compact(model, **kwargs)
+    assert str(info.value).startswith(f'Received an invalid value for "{received.split("=")[0]}"')
+    assert str(info.value).endswith(f"Received: {received}")
+
+
+def test_numpy_thresholds_are_accepted():
+    model = build("dense", seed=0)
+    fssl.compact(model, dense_threshold=np.float32(0.5))
 
 
 def test_report_rows_match_a_hand_count():
@@ -310,3 +320,24 @@ def test_compacted_layers_drop_group_lasso_and_keep_other_regularizers():
     assert second.kernel_regularizer is None
     expected = 0.01 * float(tf.reduce_sum(tf.square(first.values)))
     assert float(tf.add_n(compacted.losses)) == pytest.approx(expected, rel=1e-6)
+
+
+def test_a_chain_on_inputs_of_rank_3_is_compacted_as_a_graph():
+    # Dense acts on each of the 3 positions: the chain path (one row of
+    # features) counted 20 multiply-adds for 60, and drop_inputs=True built
+    # a model of input (None, 4) and output (None, 2) for one of output
+    # (None, 3, 2).
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((3, 5)), keras.layers.Dense(4, activation="relu"),
+                              keras.layers.Dense(2)])
+    kernel, bias = model.layers[0].get_weights()
+    kernel[1] = 0.0  # input feature 1 unread
+    model.layers[0].set_weights([kernel, bias])
+    assert fssl.report(model)[0]["macs_before"] == 3 * 5 * 4
+    with pytest.raises(ValueError, match='"drop_inputs", expected False for a model that is not '
+                                         "a Sequential chain"):
+        fssl.compact(model, drop_inputs=True)
+    small = fssl.compact(model)
+    x = np.random.default_rng(0).standard_normal((2, 3, 5)).astype(np.float32)
+    assert small.output_shape == (None, 3, 2)
+    np.testing.assert_allclose(small(x).numpy(), model(x).numpy(), rtol=1e-6, atol=1e-6)

@@ -4,6 +4,7 @@ import warnings
 
 import numpy as np
 import pytest
+import scipy.sparse
 import tensorflow as tf
 
 from tfsparse._keras import keras
@@ -398,3 +399,24 @@ def test_every_channel_removed_is_a_clear_error():
         "Cannot compact: every input channel of layer 'second' would be removed (none that "
         "still varies reaches a channel the outputs depend on), which would leave an empty "
         "layer; train with a weaker group penalty or a lower threshold.")
+
+
+def test_a_sparse_layer_left_without_a_nonzero_becomes_a_dense_of_zeros():
+    # Its one input is a folded constant: the SparseDense would have an empty
+    # pattern, which was an error about a "pattern" the user never passed.
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((4,))
+    hidden = L.Dense(3, activation="relu", name="hidden")(inputs)
+    pattern = np.zeros((3, 1), np.float32)
+    pattern[0, 0] = 0.7
+    outputs = [SparseDense(1, pattern=scipy.sparse.csr_matrix(pattern), name="sd")(hidden),
+               L.Dense(2)(hidden)]
+    model = keras.Model(inputs, outputs)
+    kernel, bias = model.get_layer("hidden").get_weights()
+    kernel[:, 0], bias[0] = 0.0, 0.5  # unit 0 is the constant relu(0.5)
+    model.get_layer("hidden").set_weights([kernel, bias])
+    small = fssl.compact(model)
+    assert type(small.get_layer("sd")) is L.Dense
+    x = np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32)
+    for got, want in zip(small(x), model(x)):
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-6, atol=1e-6)

@@ -14,6 +14,8 @@ import scipy.sparse
 from tfsparse._keras import keras
 import tensorflow as tf  # noqa: E402  (after tfsparse._keras selects Keras 2)
 
+from tfsparse._validation import check_bool  # noqa: E402
+from tfsparse._validation import check_unit_interval  # noqa: E402
 from tfsparse._validation import invalid_value  # noqa: E402
 from tfsparse.fssl import _build  # noqa: E402
 from tfsparse.fssl import _graph  # noqa: E402
@@ -101,6 +103,11 @@ def _chain(model):
         elif is_fully_connected(layer):
             if not isinstance(layer, SparseDense) and len(layer.kernel.shape) != 2:
                 raise _unsupported(layer, "a Dense kernel that is not 2-D")
+            if not chain and flatten is None and len(model.input_shape) != 2:
+                # It acts on the last axis of every position (the graph
+                # analysis counts them): inputs of rank 2 or a Flatten first.
+                raise _unsupported(layer, f"the first layer, on inputs of shape "
+                                          f"{model.input_shape} without a Flatten")
             chain.append(layer)
         else:
             raise _unsupported(layer, "not supported")
@@ -223,7 +230,10 @@ def plan(model, dense_threshold=DEFAULT_DENSE_THRESHOLD):
         if not layer.use_bias and not np.any(bias):
             bias = None
         density = kernel.nnz / (inputs.size * kept[i].size)
-        to_dense = not isinstance(layer, SparseDense) or density >= dense_threshold
+        # A kernel without a nonzero left (all it read folded into its bias)
+        # has no SparseDense form: a Dense of zeros computes the same.
+        to_dense = (not isinstance(layer, SparseDense) or kernel.nnz == 0
+                    or density >= dense_threshold)
         plans.append(LayerPlan(layer, inputs, kept[i], kernel, bias, to_dense))
     return plans
 
@@ -251,8 +261,7 @@ def _everything_removed(layer):
 
 
 def _check_threshold(dense_threshold):
-    if not isinstance(dense_threshold, (int, float)) or not 0 <= dense_threshold <= 1:
-        raise invalid_value("dense_threshold", "a float in [0, 1]", dense_threshold)
+    return check_unit_interval("dense_threshold", dense_threshold)
 
 
 def kept_inputs(model):
@@ -384,7 +393,8 @@ def compact(model, dense_threshold=DEFAULT_DENSE_THRESHOLD, drop_inputs=False):
         >>> compact(cnn).layers[1].filters
         1
     """
-    _check_threshold(dense_threshold)
+    dense_threshold = _check_threshold(dense_threshold)
+    drop_inputs = check_bool("drop_inputs", drop_inputs)
     if not uses_chain_path(model):
         if drop_inputs:
             raise invalid_value(

@@ -88,8 +88,11 @@ class WeightedPlan:
 
     def to_dense(self, dense_threshold):
         """Whether the new layer is a Dense (always for Dense, from the density for SparseDense)."""
-        density = np.count_nonzero(self.kernel) / max(1, self.kernel.size)
-        return not isinstance(self.layer, SparseDense) or density >= dense_threshold
+        nonzeros = np.count_nonzero(self.kernel)
+        # Without a nonzero left (all it read folded into its bias) a kernel
+        # has no SparseDense form: a Dense of zeros computes the same.
+        return (not isinstance(self.layer, SparseDense) or nonzeros == 0
+                or nonzeros / self.kernel.size >= dense_threshold)
 
     def build(self, dense_threshold):
         """The new layer, built, its weights set (group lasso terms dropped)."""
