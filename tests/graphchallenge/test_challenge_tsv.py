@@ -141,7 +141,10 @@ def test_malformed_features_line(tmp_path):
         load_features(path, 16, num_inputs=1)
 
 
-@pytest.mark.parametrize("bad_line, problem", [("0", "(an integer >= 1)"), ("2.5", "(an integer >= 1)"),
+ID_RANGE = "(an integer in [1, 2147483647])"
+
+
+@pytest.mark.parametrize("bad_line, problem", [("0", ID_RANGE), ("2.5", ID_RANGE), ("1e20", ID_RANGE),
                                                ("3 4", "(1 field)"), ("seven", "(numbers)")])
 def test_malformed_categories_line(tmp_path, bad_line, problem):
     path = tmp_path / "neuron16-l2-categories.tsv"
@@ -150,6 +153,24 @@ def test_malformed_categories_line(tmp_path, bad_line, problem):
                f"{problem}. Received: {bad_line!r}")
     with pytest.raises(ValueError, match=re.escape(message)):
         load_categories(path)
+
+
+def test_repeated_category_is_an_error(tmp_path):
+    path = tmp_path / "neuron16-l2-categories.tsv"
+    path.write_text("1\n4\n4\n")
+    with pytest.raises(ValueError, match=re.escape(
+            f"Malformed file '{path}': expected each image id once. Received: 4 more than once.")):
+        load_categories(path)
+
+
+def test_an_input_id_beyond_int32_names_its_line(tmp_path):
+    # 1e20 raised OverflowError; 2**40 asked for a matrix of 2**40 rows.
+    path = tmp_path / "sparse-images-16.tsv"
+    for row in ("1e20", str(2**40)):
+        path.write_text(f"1 1 1\n{row} 2 1\n")
+        with pytest.raises(ValueError, match=re.escape(f"Malformed line 2 in '{path}'") +
+                           ".*row <= 2147483647"):
+            load_features(path, 16)
 
 
 def test_missing_file(tmp_path):

@@ -106,11 +106,16 @@ def load_categories(path):
     path = pathlib.Path(path)
     table = _load_table(path, fields=1, layout="one integer image id counted from 1")
     ids = table[:, 0]
-    bad = np.flatnonzero((ids < 1) | (ids != np.floor(ids)))
+    bad = np.flatnonzero((ids < 1) | (ids > _MAX_ID) | (ids != np.floor(ids)))
     if bad.size:
         _raise_for_first_bad_line(path, fields=1, layout="one integer image id counted from 1",
                                   check=_id_problem)
-    return np.sort(ids.astype(np.int64) - 1)
+    ids = np.sort(ids.astype(np.int64) - 1)
+    repeated = np.flatnonzero(ids[1:] == ids[:-1])
+    if repeated.size:
+        raise ValueError(f"Malformed file '{path}': expected each image id once. Received: "
+                         f"{ids[repeated[0]] + 1} more than once.")
+    return ids
 
 
 def write_network(data_dir, weights):
@@ -159,16 +164,20 @@ def _write_triples(path, matrix):
     np.savetxt(path, table, fmt=["%d", "%d", "%.9g"], delimiter="\t")
 
 
+# The largest row or image id read: inputs are counted in int32 (and a
+# larger id, 1e20 say, asked for a matrix of that many rows).
+_MAX_ID = 2**31 - 1
+
+
 def _read_triples(path, max_row, max_col):
     """Returns 0-based rows, 0-based cols and float32 values of a triple file."""
+    max_row = _MAX_ID if max_row is None else max_row
     table = _load_table(path, fields=3, layout=_TRIPLE)
     rows, cols, values = table[:, 0], table[:, 1], table[:, 2]
     problems = (
         (rows < 1) | (cols < 1) | (rows != np.floor(rows)) | (cols != np.floor(cols))
-        | ~np.isfinite(values) | (cols > max_col)
+        | ~np.isfinite(values) | (cols > max_col) | (rows > max_row)
     )
-    if max_row is not None:
-        problems |= rows > max_row
     if problems.any():
         _raise_for_first_bad_line(
             path, fields=3, layout=_TRIPLE,
@@ -238,7 +247,7 @@ def _triple_problem(parts, max_row, max_col):
     row, col = float(parts[0]), float(parts[1])
     if row < 1 or col < 1 or row != int(row) or col != int(col):
         return " (row and column integers >= 1)"
-    if max_row is not None and row > max_row:
+    if row > max_row:
         return f" (row <= {max_row})"
     if col > max_col:
         return f" (column <= {max_col})"
@@ -247,7 +256,8 @@ def _triple_problem(parts, max_row, max_col):
 
 def _id_problem(parts):
     value = float(parts[0])
-    return " (an integer >= 1)" if value < 1 or value != int(value) else None
+    bad = value < 1 or value > _MAX_ID or value != int(value)
+    return f" (an integer in [1, {_MAX_ID}])" if bad else None
 
 
 def _numbered_lines(path):
