@@ -34,6 +34,9 @@ def test_gather_inputs_layer():
     assert str(info.value) == (
         'Received an invalid value for "indices", expected a non-empty 1-D sequence of '
         "distinct non-negative integers. Received: indices=[1, 1]")
+    for booleans in ([True, 0], np.array([True, False])):  # [True, 0] was taken as [1, 0]
+        with pytest.raises(ValueError, match='"indices", expected a non-empty 1-D sequence'):
+            fssl.GatherInputs(booleans)
 
 
 def test_index_beyond_the_input_is_a_clear_error():

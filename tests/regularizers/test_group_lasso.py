@@ -178,6 +178,9 @@ def test_sum_round_trips_through_a_saved_dense_model(tmp_path):
         ({"groups": ("rows", "rows")},
          'Received an invalid value for "groups", expected ' + GROUPS + ". "
          "Received: groups=('rows', 'rows')"),
+        ({"groups": [["rows"]]},  # was TypeError: unhashable type
+         'Received an invalid value for "groups", expected ' + GROUPS + ". "
+         "Received: groups=[['rows']]"),
         ({"groups": "blocks", "block_shape": (0, 2)},
          'Received an invalid value for "block_shape", expected a pair of positive integers '
          '(bh, bw) when groups include \'blocks\'. Received: block_shape=(0, 2)'),
@@ -190,6 +193,13 @@ def test_invalid_arguments(kwargs, message):
     with pytest.raises(ValueError) as info:
         GroupLasso(**kwargs)
     assert str(info.value) == message
+
+
+def test_an_integer_kernel_is_a_clear_error():
+    # Was TensorFlow's Sqrt dtype error.
+    with pytest.raises(ValueError, match='"x", expected a floating-point kernel. Received: x of '
+                                         "dtype int32"):
+        GroupLasso(0.1)(tf.ones([3, 2], tf.int32))
 
 
 def test_call_on_a_vector_says_to_use_sparse_penalty():

@@ -43,8 +43,14 @@ class GatherInputs(keras.layers.Layer):
     def __init__(self, indices, **kwargs):
         super().__init__(**kwargs)
         array = np.asarray(indices)
+        # np.asarray([True, 0]) is [1, 0]: the booleans are looked for in
+        # the sequence itself.
+        booleans = array.dtype == bool or (
+            isinstance(indices, (list, tuple))
+            and any(isinstance(i, (bool, np.bool_)) for i in indices))
         if (
-            array.ndim != 1
+            booleans
+            or array.ndim != 1
             or array.size == 0
             or not all(isinstance(i, numbers.Integral) for i in array.tolist())
             or array.min() < 0

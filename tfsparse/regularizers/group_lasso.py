@@ -26,6 +26,7 @@ def _validate(l, groups, block_shape):
     if (
         not isinstance(kinds, (tuple, list))
         or not kinds
+        or not all(isinstance(kind, str) for kind in kinds)
         or len(set(kinds)) != len(kinds)
         or not (set(kinds) <= set(_DENSE_KINDS) or set(kinds) <= set(_CONV_KINDS))
     ):
@@ -117,6 +118,9 @@ class GroupLasso(keras.regularizers.Regularizer, _Trackable):
 
     def __call__(self, x):
         x = tf.convert_to_tensor(x)
+        if not x.dtype.is_floating:
+            raise invalid_value("x", "a floating-point kernel",
+                                received=f"x of dtype {x.dtype.name}")
         rank = x.shape.rank
         conv = set(self.kinds) <= set(_CONV_KINDS) and not set(self.kinds) <= set(_DENSE_KINDS)
         if rank == 2 and not conv:
