@@ -11,6 +11,7 @@ from tfsparse._keras import keras
 from tfsparse._validation import invalid_value as _invalid
 from tfsparse.dynamic import selection
 from tfsparse.dynamic.update import active_horovod
+from tfsparse.dynamic.update import check_optimizer
 from tfsparse.dynamic.update import horovod_agreement
 from tfsparse.dynamic.update import matrix_shape
 from tfsparse.layers import SparseConv2D
@@ -119,6 +120,7 @@ class DynamicSparsity(keras.callbacks.Callback):
     # ---------------------------------------------------------------- Keras hooks
     def on_train_begin(self, logs=None):
         self.updates = []
+        check_optimizer(self.model.optimizer)  # not at the first update, mid-training
         self._layers = self._resolve_layers()
         self._end = self._end_step()
         self._start = self._due = None

@@ -424,3 +424,18 @@ def test_partitioned_model_is_refused():
     with pytest.raises(ValueError, match="row-partitioned model"):
         distributed.fit(X, Y, batch_size=8, epochs=1, verbose=0,
                         callbacks=[DynamicSparsity("set", update_every=2)])
+
+
+def test_an_optimizer_with_factored_state_is_refused_before_training():
+    # Before: NotImplementedError at the first update, after update_every
+    # steps of training.
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((6,)), SparseDense(4, density=0.5)])
+    model.compile(keras.optimizers.Adafactor(), "mse")
+    callback = DynamicSparsity("set", update_every=2)
+    steps = []
+    counter = keras.callbacks.LambdaCallback(on_train_batch_end=lambda b, logs: steps.append(b))
+    with pytest.raises(NotImplementedError, match="Adafactor keeps factored"):
+        model.fit(np.ones((8, 6)), np.ones((8, 4)), batch_size=2, verbose=0,
+                  callbacks=[callback, counter])
+    assert steps == []

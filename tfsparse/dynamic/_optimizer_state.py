@@ -75,6 +75,27 @@ def accumulated_of(optimizer, variable):
     return None if accumulator is None else accumulator.sum_of(variable)
 
 
+# Optimizers whose state of a variable is not one entry per position
+# (Adafactor keeps factored row and column statistics): a moving pattern
+# cannot carry it.
+_FACTORED = ("Adafactor",)
+
+
+def check_moves_with_positions(optimizer):
+    """Raises ``NotImplementedError`` for an optimizer whose state cannot follow a moving pattern.
+
+    The check ``position_state`` makes at the first update, made before
+    training (``DynamicSparsity.on_train_begin``).
+    """
+    inner = _inner(optimizer) if optimizer is not None else None
+    if inner is not None and type(inner).__name__ in _FACTORED:
+        raise NotImplementedError(
+            f"The optimizer {type(inner).__name__} keeps factored (not per-position) "
+            "statistics of each variable: only per-position states can follow a moving "
+            "pattern. Use Adam, SGD, RMSprop, Adagrad or another optimizer with per-weight "
+            "slots.")
+
+
 def position_state(optimizer, variable):
     """Every variable shaped like ``variable`` whose entries follow its positions."""
     if optimizer is None:

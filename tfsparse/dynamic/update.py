@@ -82,6 +82,19 @@ def drop_and_grow(layer, fraction, grow, optimizer=None, agree=None):
     return int(new.size)
 
 
+def check_optimizer(optimizer):
+    """Raises ``NotImplementedError`` unless ``optimizer``'s state can follow moving positions.
+
+    ``drop_and_grow`` finds out at the first update; a callback checks
+    before training instead (Adafactor's factored statistics cannot move).
+
+    Example:
+      >>> from tfsparse._keras import keras
+      >>> check_optimizer(keras.optimizers.Adam())
+    """
+    _optimizer_state.check_moves_with_positions(optimizer)
+
+
 def matrix_shape(layer):
     """The shape of the sparse matrix a layer's pattern indexes (keys ``col * rows + row``).
 
