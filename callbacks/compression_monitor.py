@@ -22,8 +22,9 @@ _FREQUENCIES = ("epoch", "batch")
 class CompressionMonitor(keras.callbacks.Callback):
     """Records the statistics of `tfsparse.horovod.DistributedOptimizer` while training.
 
-    Per epoch (always) and per batch (``update_freq="batch"``) it adds to the
-    logs the keys of `LOG_KEYS`: achieved ratio, estimation quality
+    Per epoch (always) and per batch (``update_freq="batch"``; only the
+    batches that exchanged gradients: with ``backward_passes_per_step=N``
+    every N-th) it adds to the logs the keys of `LOG_KEYS`: achieved ratio, estimation quality
     (achieved/target), stages, compression time, and bytes sent against the
     bytes of a dense allreduce. Epoch values are means over the epoch's steps
     (ratios of sums). Keras' `History` therefore holds them
@@ -69,6 +70,7 @@ class CompressionMonitor(keras.callbacks.Callback):
         self._stats = stats
         self.steps = []
         self.epochs = []
+        self._exchanges = self._read()["steps"]
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch_start = self._read()
@@ -77,6 +79,9 @@ class CompressionMonitor(keras.callbacks.Callback):
         if self.update_freq != "batch" and self.plot_path is None:
             return
         stats = self._read()
+        if stats["steps"] == self._exchanges:
+            return  # a pass that summed its gradient locally: nothing new to report
+        self._exchanges = stats["steps"]
         record = {
             "compression_achieved_ratio": stats["achieved_ratio"],
             "compression_quality": stats["estimation_quality"],

@@ -69,6 +69,21 @@ def test_batch_values_reach_the_batch_logs_and_the_plot(tmp_path):
         assert handle.read(8) == b"\x89PNG\r\n\x1a\n"
 
 
+def test_batch_values_come_from_the_batches_that_exchanged():
+    # backward_passes_per_step=2: the passes that only sum locally reported
+    # the previous exchange's values again (the first, zeros).
+    model, x, y = model_and_data(DistributedOptimizer(
+        keras.optimizers.SGD(0.05), compression=SIDCo(0.1), backward_passes_per_step=2))
+    seen = []
+    recorder = keras.callbacks.LambdaCallback(
+        on_train_batch_end=lambda batch, logs: seen.append(dict(logs)))
+    monitor = CompressionMonitor(update_freq="batch")
+    model.fit(x, y, epochs=1, batch_size=16, verbose=0, callbacks=[monitor, recorder])
+    assert len(seen) == 6 and len(monitor.steps) == 3
+    assert [("compression_bytes_sent" in logs) for logs in seen] == [False, True] * 3
+    assert all(record["compression_bytes_sent"] > 0 for record in monitor.steps)
+
+
 def test_tensorboard_listed_after_the_monitor_writes_the_values(tmp_path):
     pytest.importorskip("tensorboard", reason="tf.summary needs the tensorboard package, not installed")
     model, x, y = model_and_data()
