@@ -420,3 +420,17 @@ def test_a_sparse_layer_left_without_a_nonzero_becomes_a_dense_of_zeros():
     x = np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32)
     for got, want in zip(small(x), model(x)):
         np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-6, atol=1e-6)
+
+
+def test_report_does_not_count_positions_it_does_not_know():
+    # On inputs of open size (None, None, 3) a convolution's positions were
+    # counted as 1: 108 "multiply-adds per sample" for a 3x3x3x4 kernel.
+    def cnn(size):
+        inputs = keras.Input((size, size, 3))
+        return keras.Model(inputs, L.Conv2D(2, 1)(L.Conv2D(4, 3)(inputs)))
+
+    rows = fssl.report(cnn(None), print_fn=None)
+    assert rows[0]["macs_before"] is None and rows[0]["macs_removed"] is None
+    assert rows[-1]["macs_before"] is None
+    assert rows[0]["nnz_before"] == 3 * 3 * 3 * 4
+    assert fssl.report(cnn(6), print_fn=None)[0]["macs_before"] == 4 * 4 * 108

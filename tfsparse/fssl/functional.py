@@ -226,12 +226,17 @@ def report_rows(model, dense_threshold):
             "shape_before": shape_before, "shape_after": tuple(after.shape),
             "nnz_before": layer.nnz if isinstance(layer, SparseDense) else nnz_before,
             "nnz_after": nnz_after,
-            "macs_before": positions * stored_before,
-            "macs_after": positions * (after.size if dense_after else nnz_after),
+            "macs_before": None if positions is None else positions * stored_before,
+            "macs_after": (None if positions is None
+                           else positions * (after.size if dense_after else nnz_after)),
         })
     return rows, [layer.name for layer in analysis.opaque]
 
 
 def _output_positions(layer):
-    """Output positions per sample: the product of the output's non-channel axes."""
-    return int(np.prod([d for d in layer.output.shape[1:-1] if d is not None] or [1]))
+    """Output positions per sample (the product of the output's non-channel axes), or
+    None when one of them is not fixed (an image size left open)."""
+    sizes = layer.output.shape[1:-1]
+    if any(d is None for d in sizes):
+        return None
+    return int(np.prod(sizes or [1]))

@@ -15,7 +15,15 @@ _COLUMNS = (
 
 
 def _share_removed(before, after):
+    if before is None or after is None:
+        return None
     return 1.0 - after / before if before else 0.0
+
+
+def _total(rows, key):
+    """The sum of the rows' ``key``, or None when one of them is unknown."""
+    values = [row[key] for row in rows]
+    return None if None in values else sum(values)
 
 
 def _macs(is_dense, shape, nnz):
@@ -47,8 +55,9 @@ def report(model, dense_threshold=DEFAULT_DENSE_THRESHOLD, print_fn=print):
         them), ``nnz_before`` (nonzeros of a Dense kernel, stored
         values of a SparseDense), ``nnz_after``, ``macs_before``,
         ``macs_after`` (multiply-adds per sample: every kernel entry of a Dense
-        layer, the stored values of a SparseDense), ``nnz_removed`` and
-        ``macs_removed`` (the shares removed, ``1 - after / before``). A
+        layer, the stored values of a SparseDense; None for a convolution
+        whose output size is not fixed, and then for the total), ``nnz_removed``
+        and ``macs_removed`` (the shares removed, ``1 - after / before``). A
         SparseDense that becomes Dense can do more multiply-adds (a negative
         share), but dense ones, which run faster per multiply-add above the
         density crossover.
@@ -65,8 +74,7 @@ def report(model, dense_threshold=DEFAULT_DENSE_THRESHOLD, print_fn=print):
         rows = _chain_rows(model, dense_threshold)
     else:
         rows, intact = functional.report_rows(model, dense_threshold)
-    total_before = sum(row["macs_before"] for row in rows)
-    total_after = sum(row["macs_after"] for row in rows)
+    total_before, total_after = _total(rows, "macs_before"), _total(rows, "macs_after")
     rows.append({
         "layer": "total", "type": "", "shape_before": "", "shape_after": "",
         "nnz_before": sum(row["nnz_before"] for row in rows),
@@ -113,6 +121,8 @@ def _chain_rows(model, dense_threshold):
 def format_table(rows):
     """The rows of :func:`report` as an aligned text table."""
     def cell(key, value):
+        if value is None:
+            return "?"
         if key.endswith("removed"):
             return f"{100 * value:.1f}%"
         if isinstance(value, tuple):
