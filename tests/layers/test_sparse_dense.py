@@ -305,3 +305,20 @@ def test_set_pattern_refuses_another_nnz():
     layer.build((None, 4))
     with pytest.raises(ValueError, match='"pattern", expected a pattern of shape'):
         layer.set_pattern(SparsityPattern.from_coo([0], [0], (4, 3)), np.ones(1))
+
+
+@pytest.mark.parametrize("form", ["dok_matrix", "dok_array"])
+def test_a_dok_pattern_is_a_scipy_matrix_not_a_config(form):
+    # A dok matrix is a dict: it was taken for get_config's encoded positions
+    # ("IndexError: Index encoding length needs to match self.shape").
+    from tfsparse.layers import SparseConv2D
+
+    kernel = np.zeros((6, 3), np.float32)
+    kernel[[0, 2, 5], [0, 1, 2]] = [1.5, -2.0, 0.5]
+    dok = getattr(scipy.sparse, form)(kernel)
+    layer = SparseDense(3, pattern=dok, use_bias=False)
+    x = np.arange(12, dtype=np.float32).reshape(2, 6)
+    np.testing.assert_array_equal(layer(x).numpy(), x @ kernel)
+    conv = SparseConv2D(3, (1, 1), pattern=dok, use_bias=False)
+    image = x.reshape(2, 1, 1, 6)
+    np.testing.assert_array_equal(conv(image).numpy().reshape(2, 3), x @ kernel)

@@ -89,7 +89,8 @@ def test_channels_first_convolutions_stay_dense():
 @pytest.mark.parametrize("nonzeros, converted, reason", [
     # 3x3x4x8 = 288 weights; 0.1 of them is 28.8, so 29 nonzeros are the 0.1
     # level (as tfmot rounds a layer pruned to 90%) and 30 are above it.
-    (29, True, "density 0.101 <= max_density 0.100"),
+    (29, True, "density 0.101 <= max_density 0.100 to the nearest whole weight (29 of 288: "
+               "0.1 of them is 28.8, 29 as tfmot rounds a pruned layer's count)"),
     (30, False, "density 0.104 > max_density 0.100"),
 ])
 def test_max_density_counts_whole_weights(nonzeros, converted, reason):
@@ -165,9 +166,47 @@ def test_measured_rule_needs_a_known_input_size():
                            "'inference' or 'training'. Received: measure='fast'"),
     (dict(batch_size=0), "Received an invalid value for \"batch_size\", expected a positive "
                          "integer. Received: batch_size=0"),
+    (dict(report="no"), "Received: report='no'"),  # was taken as True
+    (dict(report=0), "Received: report=0"),
 ])
 def test_invalid_arguments_are_named(kwargs, message):
     model = keras.Sequential([keras.Input((4,)), L.Dense(2)])
     with pytest.raises(ValueError) as error:
         sparsify(model, **kwargs)
     assert message in str(error.value)
+
+
+def _one_dense(inputs, dtype=None):
+    return keras.Model(inputs, L.Dense(3, name="d", dtype=dtype)(inputs))
+
+
+@pytest.mark.parametrize("make, reason", [
+    # Each crashed sparsify before, with an error about a "pattern" the user
+    # never passed, scipy's float16 error, or a conversion error of the input.
+    (lambda: _one_dense(keras.Input((4,))), "NaN or Inf in 1 of its weights"),
+    (lambda: _one_dense(keras.Input((4,)), dtype="float16"), "a float16 kernel: sparse layers"),
+    (lambda: _one_dense(keras.Input((4,)), dtype="bfloat16"), "a bfloat16 kernel"),
+    (lambda: _one_dense(keras.Input((4,), sparse=True)), "its input is a SparseTensor"),
+    (lambda: _one_dense(keras.Input((None, 4), ragged=True)), "its input is a RaggedTensor"),
+])
+def test_layers_a_sparse_twin_cannot_compute_stay_dense_with_the_reason(make, reason):
+    model = make()
+    if "NaN" in reason:
+        kernel, bias = model.get_layer("d").get_weights()
+        kernel[0, 0] = np.nan
+        model.get_layer("d").set_weights([kernel, bias])
+    sparse, report = sparsify(model, max_density=1.0, report=True)
+    assert type(sparse.get_layer("d")) is L.Dense
+    assert report["d"].reason.startswith(reason)
+
+
+def test_a_kind_mapped_to_none_keeps_its_default():
+    # DEFAULT_MAX_DENSITY maps Conv2D to None (its measured crossover); passing
+    # it, as the README says None means, was refused.
+    from tfsparse.layers import DEFAULT_MAX_DENSITY
+
+    model = integer_weights(keras.Sequential([keras.Input((4,)), L.Dense(2, name="d")]),
+                            density=0.6)
+    for limit in (DEFAULT_MAX_DENSITY, {"Conv2D": None}, {"Dense": None}):
+        _, report = sparsify(model, max_density=limit, report=True)
+        assert report.converted == ("d",), limit

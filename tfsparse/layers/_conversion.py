@@ -9,6 +9,7 @@ import types
 
 import numpy as np
 import scipy.sparse
+import tensorflow as tf
 
 from tfsparse._keras import keras
 from tfsparse.layers.sparse_conv import SparseConv2D
@@ -123,9 +124,31 @@ def blocker(layer):
             return f"groups={config['groups']}: SparseConv2D has no grouped convolution"
     if layer.kernel.shape.rank != (2 if layer_kind == "Dense" else 4):
         return f"a kernel of shape {tuple(layer.kernel.shape)}"
-    if not np.any(layer.kernel.numpy()):
+    if layer.kernel.dtype.base_dtype not in (tf.float32, tf.float64):
+        return (f"a {layer.kernel.dtype.base_dtype.name} kernel: sparse layers store float32 "
+                "or float64 values (mixed-precision policies keep float32 variables)")
+    kernel = layer.kernel.numpy()
+    if not np.any(kernel):
         return "every weight is zero (a sparse layer needs a nonzero)"
+    nonfinite = int(np.count_nonzero(~np.isfinite(kernel)))
+    if nonfinite:
+        return f"NaN or Inf in {nonfinite:,} of its weights (a sparse pattern holds finite values)"
+    composite = _composite_input(layer)
+    if composite is not None:
+        return f"its input is a {composite} ({type(layer).__name__} reads it, sparse layers do not)"
     return _weight_rule_blocker(layer, layer_kind)
+
+
+def _composite_input(layer):
+    """``"SparseTensor"`` or ``"RaggedTensor"`` when a call of ``layer`` receives one, else None."""
+    for node in layer.inbound_nodes:
+        for tensor in tf.nest.flatten(node.input_tensors):
+            spec = getattr(tensor, "type_spec", None)
+            if isinstance(spec, tf.SparseTensorSpec):
+                return "SparseTensor"
+            if isinstance(spec, tf.RaggedTensorSpec):
+                return "RaggedTensor"
+    return None
 
 
 def _weight_rule_blocker(layer, layer_kind):

@@ -108,7 +108,8 @@ class SparseConv2D(keras.layers.Layer, tfmot.sparsity.keras.PrunableLayer):
         """Returns (SparsityPattern over (kh*kw*cin, filters) or None, initial values or None)."""
         if pattern is None:
             return None, None
-        if isinstance(pattern, dict):  # from get_config: the positions, packed
+        # From get_config: the positions, packed (a scipy dok_matrix is a dict too).
+        if isinstance(pattern, dict) and not scipy.sparse.issparse(pattern):
             decoded = _pattern_config.decode(pattern)
             kh, kw = self.kernel_size
             if decoded.shape[1] != self.filters or decoded.shape[0] % (kh * kw):

@@ -103,7 +103,8 @@ class SparseDense(keras.layers.Layer, tfmot.sparsity.keras.PrunableLayer):
         """Returns (scipy matrix or None, SparsityPattern from a config or None)."""
         if pattern is None:
             return None, None
-        if isinstance(pattern, dict):  # from get_config: the encoded positions
+        # From get_config: the encoded positions (a scipy dok_matrix is a dict too).
+        if isinstance(pattern, dict) and not scipy.sparse.issparse(pattern):
             return None, self._check_config_pattern(_pattern_config.decode(pattern))
         if not scipy.sparse.issparse(pattern):
             raise invalid_value(

@@ -5,6 +5,7 @@ import numbers
 
 from tfsparse._framework_internal import is_graph_network
 from tfsparse._keras import keras
+from tfsparse._validation import check_bool
 from tfsparse._validation import check_positive_int
 from tfsparse._validation import invalid_value
 from tfsparse.layers import _conversion
@@ -54,8 +55,9 @@ def sparsify(model, max_density=None, *, measure=None, batch_size=32, report=Fal
       model: a built ``tf_keras`` Sequential or functional model (not still
         wrapped by ``prune_low_magnitude``: call ``strip_pruning`` first).
       max_density: ``None``, a float in (0, 1] for every kind, or a mapping
-        ``{"Dense": float, "Conv2D": float}`` (missing kinds keep their
-        default).
+        ``{"Dense": float, "Conv2D": float}`` (missing kinds, and kinds
+        mapped to None, keep their default: ``DEFAULT_MAX_DENSITY`` itself
+        is such a mapping).
       measure: ``None``, ``"inference"`` or ``"training"``.
       batch_size: positive int, the batch of the measured rule.
       report: also return a ``SparsifyReport``: one row per kernel layer
@@ -84,7 +86,7 @@ def sparsify(model, max_density=None, *, measure=None, batch_size=32, report=Fal
       >>> report["out"].reason
       'density 1.000 > max_density 0.500'
     """
-    limits = _check_arguments(model, max_density, measure, batch_size)
+    limits = _check_arguments(model, max_density, measure, batch_size, report)
     rows = []
     new_model = _sparsify_graph(model, _Rule(limits, measure, batch_size), rows, prefix="")
     return (new_model, SparsifyReport(tuple(rows))) if report else new_model
@@ -115,9 +117,9 @@ class _Rule:
             source = f" (the measured crossover of a {geometry} Conv2D)"
         if not _within(density, limit, shape):
             return None, row(False, _comparison(density, ">", limit) + source)
+        within = _comparison(density, "<=", limit) + _whole_weights(density, limit, shape)
         if self.measure is None:
-            return (_conversion.to_sparse(layer),
-                    row(True, _comparison(density, "<=", limit) + source))
+            return _conversion.to_sparse(layer), row(True, within + source)
         return self._measured(layer, row)
 
     def _measured(self, layer, row):
@@ -140,6 +142,17 @@ def _within(density, limit, shape):
     weights keeps 922 (density 0.10004), which is the 90% level."""
     size = math.prod(int(extent) for extent in shape)
     return round(density * size) <= round(limit * size)
+
+
+def _whole_weights(density, limit, shape):
+    """For a density over ``limit`` that is within it to the nearest whole weight, the
+    counts that make it so (``_within``); else ``""``."""
+    if density <= limit:
+        return ""
+    size = math.prod(int(extent) for extent in shape)
+    return (f" to the nearest whole weight ({round(density * size):,} of {size:,}: "
+            f"{limit:g} of them is {limit * size:.4g}, {round(limit * size):,} as tfmot "
+            "rounds a pruned layer's count)")
 
 
 def _comparison(density, sign, limit):
@@ -178,7 +191,7 @@ def _is_graph_model(model):
     return isinstance(model, keras.Sequential) or is_graph_network(model)
 
 
-def _check_arguments(model, max_density, measure, batch_size):
+def _check_arguments(model, max_density, measure, batch_size, report):
     """Validates the arguments; returns the density limit per kind."""
     if not isinstance(model, keras.Model):
         raise invalid_value("model", "a tf_keras Model",
@@ -186,6 +199,7 @@ def _check_arguments(model, max_density, measure, batch_size):
     if measure is not None and measure not in _measured_rule.MODES:
         raise invalid_value("measure", "None, 'inference' or 'training'", measure)
     check_positive_int("batch_size", batch_size)
+    check_bool("report", report)
     limits = _limits(max_density, measure)
     if not _is_graph_model(model):
         # Keras clones only these: a subclassed model's call() is code.
@@ -221,8 +235,9 @@ def _limits(max_density, measure):
     if unknown:
         fraction(None, dict(max_density))  # raises, naming what was received
     limits = dict(_conversion.DEFAULT_MAX_DENSITY)
+    # None for a kind is its default (DEFAULT_MAX_DENSITY itself holds one).
     limits.update({kind: fraction(value, dict(max_density))
-                   for kind, value in max_density.items()})
+                   for kind, value in max_density.items() if value is not None})
     return limits
 
 
