@@ -271,7 +271,9 @@ def update_delays(sched):
 
     A micro-batch's delay on a stage is the number of updates the stage
     applies between that micro-batch's forward and the update that applies
-    its gradient (0: synchronous).
+    its gradient (0: synchronous). Rows of a stage's first layer that
+    LayerPipe lends to the stage before it are computed in that stage's
+    forward, which these lists do not show: their delay can be one more.
 
     Args:
       sched: a ``Schedule``.
