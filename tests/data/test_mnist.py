@@ -101,9 +101,27 @@ def test_sample_rejects_bad_test_fraction(value):
         load_mnist_sample(test_fraction=value)
 
 
-def test_sample_rejects_bad_seed():
-    with pytest.raises(ValueError, match=re.escape("expected an integer. Received: seed=1.5")):
-        load_mnist_sample(seed=1.5)
+@pytest.mark.parametrize("seed", [1.5, -1, True])  # -1 was NumPy's error, naming no seed
+def test_sample_rejects_bad_seed(seed):
+    with pytest.raises(ValueError, match=re.escape(
+            f'"seed", expected a non-negative integer. Received: seed={seed!r}')):
+        load_mnist_sample(seed=seed)
+
+
+def test_sample_takes_numpy_numbers():
+    # np.float32(0.2) was refused as not "a float in (0, 1)".
+    (_, y_train), (_, y_test) = load_mnist_sample(np.float32(0.2), np.int64(3))
+    assert (len(y_train), len(y_test)) == (4000, 1000)
+
+
+def test_load_mnist_names_a_path_of_another_type_and_an_unreadable_array(tmp_path):
+    with pytest.raises(ValueError, match='"path", expected a directory or an .npz file'):
+        load_mnist(None)
+    path = tmp_path / "mnist.npz"
+    np.savez(path, x_train=np.array([object()]), y_train=np.zeros(1, np.uint8),
+             x_test=np.zeros((1, 2, 2), np.uint8), y_test=np.zeros(1, np.uint8))
+    with pytest.raises(ValueError, match=re.escape(f"Cannot read the MNIST file '{path}'")):
+        load_mnist(path)
 
 
 @pytest.mark.parametrize("suffix", ["", ".gz"])

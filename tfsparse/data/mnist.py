@@ -7,11 +7,14 @@ Yann LeCun, Corinna Cortes and Christopher J.C. Burges and licensed CC BY-SA
 3.0; see ``MNIST-LICENSE.md`` next to the file. Nothing here downloads.
 """
 
+import numbers
+import os
 import pathlib
 import zipfile
 
 import numpy as np
 
+from tfsparse._validation import check_non_negative_int
 from tfsparse._validation import invalid_value
 from tfsparse.data._idx import read_idx
 
@@ -52,10 +55,10 @@ def load_mnist_sample(test_fraction=0.2, seed=0):
         >>> x_train.shape, x_test.shape
         ((4000, 28, 28), (1000, 28, 28))
     """
-    if not isinstance(test_fraction, (float, int)) or not 0 < test_fraction < 1:
+    if (isinstance(test_fraction, bool) or not isinstance(test_fraction, numbers.Real)
+            or not 0 < test_fraction < 1):
         raise invalid_value("test_fraction", "a float in (0, 1)", test_fraction)
-    if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool):
-        raise invalid_value("seed", "an integer", seed)
+    seed = check_non_negative_int("seed", seed)
     with np.load(SAMPLE_PATH) as sample:
         images, labels = sample["images"], sample["labels"]
     rng = np.random.default_rng(seed)
@@ -98,6 +101,9 @@ def load_mnist(path):
         >>> (x_train, y_train), (x_test, y_test) = load_mnist("~/data/mnist")
         ... # doctest: +SKIP
     """
+    if not isinstance(path, (str, os.PathLike)):
+        raise invalid_value("path", "a directory or an .npz file (str or path-like)",
+                            received=f"path of type {type(path).__name__}")
     path = pathlib.Path(path).expanduser()
     if path.is_file():
         arrays = _read_keras_npz(path)
@@ -149,7 +155,10 @@ def _read_keras_npz(path):
                 f"Malformed MNIST file '{path}': expected the arrays "
                 f"{', '.join(_KERAS_KEYS)}. Missing: {', '.join(missing)}."
             )
-        return {key: np.asarray(archive[key]) for key in _KERAS_KEYS}
+        try:
+            return {key: np.asarray(archive[key]) for key in _KERAS_KEYS}
+        except ValueError as error:  # an object array (allow_pickle=False), a bad member
+            raise ValueError(f"Cannot read the MNIST file '{path}': {error}") from error
 
 
 def _check_split(images, labels, split, path):
