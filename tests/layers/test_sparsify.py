@@ -109,3 +109,27 @@ def test_functional_model_with_a_branch_converts_with_equal_outputs():
     # Dense weights are all nonzero: the same products in another order.
     np.testing.assert_allclose(sparse.predict(x, verbose=0), model.predict(x, verbose=0),
                                rtol=1e-5, atol=1e-5)
+
+
+class Sub(keras.Model):
+    """A subclassed model whose config does not keep its name: its copy gets another."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.d = keras.layers.Dense(3)
+
+    def call(self, inputs):
+        return self.d(inputs)
+
+    def get_config(self):
+        return {}
+
+
+def test_a_nested_subclassed_model_is_copied_with_its_weights():
+    # The weights were set by name: "No such layer: sub".
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((4,))
+    model = keras.Model(inputs, Sub()(inputs))
+    x = np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32)
+    sparse = sparsify(model)
+    np.testing.assert_allclose(sparse(x).numpy(), model(x).numpy(), rtol=1e-6, atol=1e-6)

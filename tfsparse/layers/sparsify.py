@@ -165,25 +165,27 @@ def _comparison(density, sign, limit):
 
 def _sparsify_graph(model, rule, rows, prefix):
     """``model`` cloned with the layers ``rule`` converts; appends the report rows."""
-    replaced = set()  # layers whose clone already holds its weights
+    copies = []  # (layer, its copy from the config), whose weights are set below
 
     def clone(layer):
         name = prefix + layer.name
         if isinstance(layer, keras.Model) and _is_graph_model(layer):
-            replaced.add(layer.name)
             return _sparsify_graph(layer, rule, rows, prefix=name + "/")
         sparse, row = rule(layer, name)
         if row is not None:
             rows.append(row)
         if sparse is not None:
-            replaced.add(layer.name)
             return sparse
-        return layer.__class__.from_config(layer.get_config())
+        copy = layer.__class__.from_config(layer.get_config())
+        copies.append((layer, copy))
+        return copy
 
     new_model = keras.models.clone_model(model, clone_function=clone)
-    for layer in model.layers:
-        if layer.name not in replaced and layer.weights:
-            new_model.get_layer(layer.name).set_weights(layer.get_weights())
+    # By the copy itself, not by name: a subclassed model's config may not
+    # keep its name.
+    for layer, copy in copies:
+        if layer.weights:
+            copy.set_weights(layer.get_weights())
     return new_model
 
 
