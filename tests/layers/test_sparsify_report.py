@@ -210,3 +210,17 @@ def test_a_kind_mapped_to_none_keeps_its_default():
     for limit in (DEFAULT_MAX_DENSITY, {"Conv2D": None}, {"Dense": None}):
         _, report = sparsify(model, max_density=limit, report=True)
         assert report.converted == ("d",), limit
+
+
+def test_wrapped_and_einsum_kernels_get_a_row_saying_they_stay_dense():
+    # They had no row, though the report says why every kernel layer stays dense.
+    inputs = keras.Input((3, 6))
+    x = L.TimeDistributed(L.Dense(4), name="td")(inputs)
+    x = L.Bidirectional(L.LSTM(2, return_sequences=True), name="bi")(x)
+    x = L.EinsumDense("abc,cd->abd", output_shape=(None, 5), name="einsum")(x)
+    model = keras.Model(inputs, L.TimeDistributed(L.Dropout(0.1), name="no_kernel")(x))
+    _, report = sparsify(model, report=True)
+    assert report.left_dense == {
+        "td": "no sparse layer computes a TimeDistributed",
+        "bi": "no sparse layer computes a Bidirectional",
+        "einsum": "no sparse layer computes a EinsumDense"}

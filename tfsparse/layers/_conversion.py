@@ -88,8 +88,16 @@ def kind(layer):
     return None
 
 
+# Layers holding a kernel that no sparse layer computes, reported as left dense
+# (the kernels inside a wrapper are its wrapped layer's).
+_REPORTED_ONLY = (keras.layers.EinsumDense, keras.layers.TimeDistributed,
+                  keras.layers.Bidirectional)
+
+
 def has_kernel(layer):
     """Whether the layer gets a row in the report: a dense or sparse kernel layer."""
+    if isinstance(layer, _REPORTED_ONLY):
+        return bool(layer.weights)
     return isinstance(layer, _OTHER_KERNEL_LAYERS + _SPARSE_LAYERS)
 
 
