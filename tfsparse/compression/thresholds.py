@@ -340,7 +340,7 @@ def multistage_threshold(
 
 
 def _survivor_sums(magnitudes, threshold):
-    """count, min, sum and sum of squares of the excess over `threshold` of the survivors, and a unit.
+    """count, min, sum and sum of squares of the survivors' excess over `threshold`, and a unit.
 
     The sums are of the excess divided by the unit: 1 for a `threshold` in
     2**-40 .. 2**40, else a power of two near it (`_by_scale`), so that they

@@ -30,12 +30,12 @@ from tfsparse.distribute.stages import check_stages
 from tfsparse.distribute.stages import plan_stages
 from tfsparse.partition.shards import partitionable
 
-# The model methods that define its steps. The pipeline runs steps of its own
-# (the loss by ``compiled_loss`` per micro-batch, ``compiled_metrics``), so a
-# model that overrides one of them would have it bypassed: it is refused.
 # Loss reductions that average over the batch (Keras's default, "auto", does).
 MEAN_REDUCTIONS = (keras.losses.Reduction.AUTO, keras.losses.Reduction.SUM_OVER_BATCH_SIZE)
 
+# The model methods that define its steps. The pipeline runs steps of its own
+# (the loss by ``compiled_loss`` per micro-batch, ``compiled_metrics``), so a
+# model that overrides one of them would have it bypassed: it is refused.
 STEP_METHODS = ("train_step", "test_step", "predict_step", "compute_loss",
                 "compute_metrics", "make_train_function", "make_test_function",
                 "make_predict_function")

@@ -78,7 +78,7 @@ def accumulated_of(optimizer, variable):
 # Optimizers whose state of a variable is not one entry per position
 # (Adafactor keeps factored row and column statistics): a moving pattern
 # cannot carry it.
-_FACTORED = ("Adafactor",)
+_FACTORED = (keras.optimizers.Adafactor,)
 
 
 def check_moves_with_positions(optimizer):
@@ -88,7 +88,7 @@ def check_moves_with_positions(optimizer):
     training (``DynamicSparsity.on_train_begin``).
     """
     inner = _inner(optimizer) if optimizer is not None else None
-    if inner is not None and type(inner).__name__ in _FACTORED:
+    if isinstance(inner, _FACTORED):
         raise NotImplementedError(
             f"The optimizer {type(inner).__name__} keeps factored (not per-position) "
             "statistics of each variable: only per-position states can follow a moving "

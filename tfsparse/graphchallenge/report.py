@@ -40,8 +40,9 @@ def result_line(neurons, layers, edges, inputs, seconds, peak_rss=None):
         check_positive_int(name, value)
     if not 0 < seconds < float("inf"):
         raise invalid_value("seconds", "a positive number", seconds)
+    shown_seconds = float(f"{seconds:.6g}")  # 6 significant digits, read back as a float
     fields = [f"neurons={neurons}", f"layers={layers}", f"edges={edges}", f"inputs={inputs}",
-              f"seconds={float(f'{seconds:.6g}')!r}", f"edges_per_second={inputs * edges / seconds:.4e}"]
+              f"seconds={shown_seconds!r}", f"edges_per_second={inputs * edges / seconds:.4e}"]
     if peak_rss is not None:
         fields.append(f"peak_rss_mib={peak_rss / 2**20:.0f}")
     return "RESULT " + " ".join(fields)
