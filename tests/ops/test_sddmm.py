@@ -1,4 +1,5 @@
 import platform
+import re
 
 import numpy as np
 import pytest
@@ -267,3 +268,31 @@ def test_empty_pattern_gives_empty_result():
     got = sddmm(np.ones((3, 2), "float32"), np.ones((2, 2), "float32"),
                 np.zeros(0, "int32"), np.zeros(0, "int32"))
     assert got.shape == (0,)
+
+
+X_T = np.arange(12, dtype=np.float32).reshape(4, 3)
+DY_T = np.ones((2, 3), np.float32)
+
+
+@pytest.mark.parametrize("use_kernel", PATHS)
+@pytest.mark.parametrize("x_t, dy_t, rows, cols, message", [
+    # Each was broadcast or taken as another index on the TensorFlow path
+    # (the GPU's and exported models' path): [21, 21, 21] for 1 row and 3
+    # cols; int64 2**32 read row 0; 1.7 read row 1.
+    (X_T, DY_T, [2], [0, 1, 1], '"rows", expected 1-D rows and cols of one length'),
+    (X_T, DY_T[:, :1], [0], [0], '"dy_t", expected the batch of x_t (3)'),
+    (X_T, DY_T, [[0], [1]], [[0], [1]], '"rows", expected 1-D rows and cols'),
+    (X_T, DY_T.astype(np.float64), [0], [0], '"dy_t", expected a tensor of x_t\'s dtype'),
+    (X_T, DY_T, np.array([2**32], np.int64), [0], '"rows", expected indices that fit in int32'),
+    (X_T, DY_T, np.array([1.7]), [0], '"rows", expected integer indices'),
+])
+def test_mismatched_arguments_are_clear_errors(use_kernel, x_t, dy_t, rows, cols, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        sddmm(x_t, dy_t, rows, cols, use_kernel=use_kernel)
+
+
+@pytest.mark.parametrize("rows, cols", [([4], [0]), ([-1], [0]), ([0], [2])])
+def test_out_of_range_indices_are_errors_on_the_tensorflow_path(rows, cols):
+    # tf.gather gives zeros for them on a GPU; its CPU error named GatherV2.
+    with pytest.raises(tf.errors.InvalidArgumentError, match="sddmm: every entry of"):
+        sddmm(X_T, DY_T, rows, cols, use_kernel=False)

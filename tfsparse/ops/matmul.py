@@ -8,7 +8,7 @@ from tfsparse.ops import _tf_internal
 from tfsparse.ops import kernels
 from tfsparse.ops import tflite
 from tfsparse.ops._gather_products import segment_sum_product
-from tfsparse.ops.sddmm import sddmm
+from tfsparse.ops.sddmm import sampled_products
 from tfsparse.ops.sddmm import use_compiled_kernels
 
 
@@ -107,9 +107,7 @@ def _differentiable_product(product, x, values, rows, cols, pattern, bias, use_k
             return dx, kernels.sddmm(x, dy, rows, cols, batch_major=True)
         dx = product(dy, tf.gather(values, order), tf.gather(cols, order),
                      tf.gather(rows, order), units=input_dim)
-        dvalues = sddmm(
-            tf.transpose(x), tf.transpose(dy), rows, cols, use_kernel=use_kernel
-        )
+        dvalues = sampled_products(tf.transpose(x), tf.transpose(dy), rows, cols, use_kernel)
         return dx, dvalues
 
     if bias is None:
