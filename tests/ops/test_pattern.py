@@ -1,3 +1,5 @@
+import re
+
 import numpy as np
 import pytest
 import scipy.sparse
@@ -61,3 +63,28 @@ def test_from_coo_sorts():
     pattern = SparsityPattern.from_coo([1, 0, 2], [1, 1, 0], (3, 2))
     assert pattern.rows.tolist() == [2, 0, 1]
     assert pattern.cols.tolist() == [0, 1, 1]
+
+
+@pytest.mark.parametrize("make, message", [
+    # Each was accepted, truncated or wrapped before: rows [0, 2] from
+    # [0.9, 2.99], -2**31 from NaN, (2, 3) from (2.7, 3) or "23".
+    (lambda: SparsityPattern([0.9, 2.99], [0, 1], (3, 3)), '"rows", expected integer indices'),
+    (lambda: SparsityPattern([np.nan, 1], [0, 0], (3, 3)), '"rows", expected integer indices'),
+    (lambda: SparsityPattern([0], [0.5], (3, 3)), '"cols", expected integer indices'),
+    (lambda: SparsityPattern([0], [0], (2.7, 3)), '"shape", expected (input_dim, units)'),
+    (lambda: SparsityPattern([0], [0], "23"), '"shape", expected (input_dim, units)'),
+    (lambda: SparsityPattern([0], [0], (True, True)), '"shape"'),
+    (lambda: SparsityPattern([0], [0], None), '"shape"'),
+    (lambda: SparsityPattern([0], [0], (2**32, 1)), "up to 2147483647"),
+    (lambda: SparsityPattern.from_coo([0, 1], [0], (3, 3)), '"rows", expected 1-D index arrays'),
+    (lambda: SparsityPattern.random((8, 4), 0), '"density", expected a float in (0, 1]'),
+    (lambda: SparsityPattern.random((8, 4), 1.5), '"density"'),
+    (lambda: SparsityPattern.random((8, 4), float("nan")), '"density"'),
+    (lambda: SparsityPattern.random((8, 4), True), '"density"'),
+    (lambda: SparsityPattern.random((0, 4), 0.5), '"shape"'),
+    (lambda: SparsityPattern.random((8, 4), 0.5, seed=-1), '"seed", expected a non-negative'),
+    (lambda: SparsityPattern([0], [0], (3, 3)).to_scipy([1.0, 2.0]), '"values", expected one value'),
+])
+def test_bad_arguments_are_named(make, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        make()

@@ -3,7 +3,26 @@
 import numpy as np
 import scipy.sparse
 
+from tfsparse._validation import check_fraction
+from tfsparse._validation import check_non_negative_int
 from tfsparse._validation import invalid_value
+
+# Indices are int32 (the kernels' and TensorFlow's sparse ops').
+_MAX_EXTENT = np.iinfo(np.int32).max
+
+
+def _check_shape(shape):
+    """``(input_dim, units)`` as ints: positive integers that fit int32 indices."""
+    try:
+        extents = tuple(shape)
+    except TypeError:
+        extents = None
+    if (extents is None or isinstance(shape, str) or len(extents) != 2
+            or not all(isinstance(e, (int, np.integer)) and not isinstance(e, (bool, np.bool_))
+                       and 0 < e <= _MAX_EXTENT for e in extents)):
+        raise invalid_value("shape", f"(input_dim, units) of positive integers up to "
+                            f"{_MAX_EXTENT}", shape)
+    return tuple(int(e) for e in extents)
 
 
 class SparsityPattern:
@@ -28,9 +47,7 @@ class SparsityPattern:
     """
 
     def __init__(self, rows, cols, shape):
-        shape = tuple(int(s) for s in shape)
-        if len(shape) != 2 or min(shape) <= 0:
-            raise invalid_value("shape", "(input_dim, units) of positive integers", shape)
+        shape = _check_shape(shape)
         rows = np.asarray(rows)
         cols = np.asarray(cols)
         if rows.ndim != 1 or cols.ndim != 1 or rows.shape != cols.shape:
@@ -39,6 +56,11 @@ class SparsityPattern:
                 "1-D index arrays rows and cols of equal length",
                 received=f"rows of shape {rows.shape} and cols of shape {cols.shape}",
             )
+        for name, array in (("rows", rows), ("cols", cols)):
+            # 0.9 was truncated to 0 and NaN became -2**31.
+            if array.size and not np.issubdtype(array.dtype, np.integer):
+                raise invalid_value(name, "integer indices",
+                                    received=f"{name} of dtype {array.dtype}")
         if rows.size and (rows.min() < 0 or rows.max() >= shape[0]):
             raise invalid_value("rows", f"indices in [0, {shape[0]})",
                                 received=f"rows in [{rows.min()}, {rows.max()}]")
@@ -78,6 +100,10 @@ class SparsityPattern:
         """A pattern from unsorted, unique (row, col) positions."""
         rows = np.asarray(rows)
         cols = np.asarray(cols)
+        if rows.ndim != 1 or rows.shape != cols.shape:
+            raise invalid_value(
+                "rows", "1-D index arrays rows and cols of equal length",
+                received=f"rows of shape {rows.shape} and cols of shape {cols.shape}")
         order = np.lexsort((rows, cols))
         return cls(rows[order], cols[order], shape)
 
@@ -108,7 +134,9 @@ class SparsityPattern:
         ``density`` up to that rounding. Memory is proportional to the number
         of nonzeros, never to ``input_dim * units``.
         """
-        input_dim, units = (int(s) for s in shape)
+        input_dim, units = _check_shape(shape)
+        density = check_fraction("density", density)
+        seed = check_non_negative_int("seed", seed)
         fan_in = max(1, int(round(density * input_dim)))
         rng = np.random.default_rng(seed)
         if 4 * fan_in <= input_dim:
@@ -122,6 +150,9 @@ class SparsityPattern:
         """The kernel as a ``scipy.sparse.csr_matrix`` (values 1 if None)."""
         if values is None:
             values = np.ones(self.nnz, np.float32)
+        if np.shape(values) != (self.nnz,):
+            raise invalid_value("values", f"one value per nonzero, shape ({self.nnz},)",
+                                received=f"values of shape {np.shape(values)}")
         return scipy.sparse.csr_matrix(
             (np.asarray(values), (self.rows, self.cols)), shape=self.shape
         )
