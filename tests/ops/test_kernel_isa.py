@@ -154,3 +154,21 @@ def test_sources_compile_for_aarch64_with_the_portable_variant_only(tmp_path):
             check=True, capture_output=True, timeout=600)
     symbols = subprocess.run(["nm", "-C", str(tmp_path / "spmm.o")], capture_output=True, text=True).stdout
     assert "tfsparse::isa_portable::" in symbols and "tfsparse::isa_avx2::" not in symbols
+
+
+@requires_library
+def test_a_bad_tfsparse_isa_is_raised_at_every_call(fresh_loader, monkeypatch):
+    # It was raised once; caught, the next calls ran the fallback silently,
+    # even with TFSPARSE_REQUIRE_KERNELS=1.
+    monkeypatch.setenv("TFSPARSE_ISA", "sse")
+    for _ in range(3):
+        with pytest.raises(ValueError, match='"TFSPARSE_ISA"'):
+            kernels.available()
+
+
+def test_a_required_missing_library_is_raised_at_every_call(fresh_loader, monkeypatch):
+    monkeypatch.setattr(kernels, "LIBRARY_PATH", fresh_loader / "missing.so")
+    monkeypatch.setenv("TFSPARSE_REQUIRE_KERNELS", "1")
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="compiled kernels not found"):
+            kernels.available()

@@ -83,8 +83,21 @@ def _default_isa(supported):
 
 def _load():
     if _state["loaded"]:
+        if _state.get("error") is not None:
+            raise _state["error"]
         return _state["library"]
     _state["loaded"] = True
+    try:
+        return _load_once()
+    except (RuntimeError, ValueError) as error:
+        # A configuration error (TFSPARSE_ISA, TFSPARSE_REQUIRE_KERNELS) is
+        # raised again at every later call: caught once, it must not leave
+        # the process on the fallback.
+        _state["error"] = error
+        raise
+
+
+def _load_once():
     if os.environ.get("TFSPARSE_USE_KERNELS", "1").strip().lower() in ("0", "false", "no"):
         if _flag("TFSPARSE_REQUIRE_KERNELS"):
             raise RuntimeError(
