@@ -80,8 +80,15 @@ def per_op_seconds(ops, repeats, iterations=11):
         loops[f"{name} x1"] = looped(op, inputs, 1, variant)
         loops[f"{name} x{iterations}"] = looped(op, inputs, iterations, variant)
     medians = interleaved_medians(loops, repeats=repeats)
-    return {name: (medians[f"{name} x{iterations}"] - medians[f"{name} x1"]) / (iterations - 1)
-            for name in ops}
+    seconds = {name: (medians[f"{name} x{iterations}"] - medians[f"{name} x1"]) / (iterations - 1)
+               for name in ops}
+    unresolved = [name for name, taken in seconds.items() if not taken > 0]
+    if unresolved:  # a negative "time" (it was printed as one) is noise, not a figure
+        raise RuntimeError(
+            f"The loop of {iterations} calls took no longer than one call for "
+            f"{', '.join(unresolved)}: the op is below the timer's resolution here; give "
+            "more iterations or a larger case")
+    return seconds
 
 
 def main():
@@ -99,6 +106,13 @@ def main():
     args = parser.parse_args()
     if args.iterations < 2:
         parser.error(f"--iterations must be at least 2, received {args.iterations}")
+    for option, value in (("--size", args.size), ("--repeats", args.repeats),
+                          *(("--batch", b) for b in args.batch)):
+        if value < 1:
+            parser.error(f"{option} must be at least 1, received {value}")
+    if not 1 <= args.per_column <= args.size:
+        parser.error(f"--per-column must be in [1, --size={args.size}], received "
+                     f"{args.per_column}")
     variants = isas_to_run(args.isa)
     if variants == [None]:
         raise SystemExit("kernel_time.py times the compiled kernels, which are not built")

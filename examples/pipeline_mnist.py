@@ -53,6 +53,13 @@ def main():
                         help="with --horovod: devices per process (CPUs are split)")
     parser.add_argument("--out", default="out/pipeline_mnist")
     args = parser.parse_args()
+    for option in ("epochs", "microbatches", "batch_size", "local_devices"):
+        if getattr(args, option) < 1:
+            parser.error(f"--{option.replace('_', '-')} must be at least 1, received "
+                         f"{getattr(args, option)}")
+    if args.batch_size % args.microbatches:
+        parser.error(f"--microbatches must divide --batch-size={args.batch_size}, received "
+                     f"{args.microbatches}")
     # Before TensorFlow initialises its devices.
     devices = make_devices(args.gpus, args.local_devices if args.horovod else 2)
 
