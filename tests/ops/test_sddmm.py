@@ -296,3 +296,15 @@ def test_out_of_range_indices_are_errors_on_the_tensorflow_path(rows, cols):
     # tf.gather gives zeros for them on a GPU; its CPU error named GatherV2.
     with pytest.raises(tf.errors.InvalidArgumentError, match="sddmm: every entry of"):
         sddmm(X_T, DY_T, rows, cols, use_kernel=False)
+
+
+@pytest.mark.parametrize("use_kernel", PATHS)
+def test_index_tensors_of_any_integer_dtype_are_taken_and_checked(use_kernel):
+    want = X_T[[1, 3]] @ DY_T[[0, 1]].T
+    for dtype in (tf.int8, tf.uint8, tf.int16, tf.int64):
+        got = sddmm(X_T, DY_T, tf.constant([1, 3], dtype), tf.constant([0, 1], dtype),
+                    use_kernel=use_kernel)
+        np.testing.assert_array_equal(got.numpy(), np.diag(want))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="sddmm: rows must fit in int32"):
+        sddmm(X_T, DY_T, tf.constant([2**32], tf.int64), tf.constant([0], tf.int64),
+              use_kernel=use_kernel)

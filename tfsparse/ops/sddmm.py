@@ -108,10 +108,13 @@ def _indices(name, value):
                                 f"{value.dtype.name}")
         if value.dtype == tf.int32:
             return value
-        limit = tf.constant(np.iinfo(np.int32).max, value.dtype)
-        with tf.control_dependencies([tf.debugging.assert_less_equal(
-                tf.abs(value), limit, message=f"sddmm: {name} must fit in int32")]):
-            return tf.cast(value, tf.int32)
+        wide = tf.cast(value, tf.int64)  # every integer dtype fits (uint64 above 2**63 wraps
+        # to a negative, which the range check below refuses as well)
+        info = np.iinfo(np.int32)
+        with tf.control_dependencies([tf.debugging.assert_equal(
+                tf.reduce_all((wide >= info.min) & (wide <= info.max)), True,
+                message=f"sddmm: {name} must fit in int32")]):
+            return tf.cast(wide, tf.int32)
     array = np.asarray(value)
     if array.size and not np.issubdtype(array.dtype, np.integer):
         raise invalid_value(name, "integer indices", received=f"{name} of dtype {array.dtype}")
