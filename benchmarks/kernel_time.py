@@ -92,7 +92,8 @@ def per_op_seconds(ops, repeats, iterations=11):
 
 
 def main():
-    from timing import add_isa_argument, describe_machine, isas_to_run  # noqa: PLC0415
+    from timing import add_isa_argument, check_layer_arguments  # noqa: PLC0415
+    from timing import describe_machine, isas_to_run  # noqa: PLC0415
     from timing import random_layer  # noqa: PLC0415
     from tfsparse.ops import kernels  # noqa: PLC0415
 
@@ -106,13 +107,7 @@ def main():
     args = parser.parse_args()
     if args.iterations < 2:
         parser.error(f"--iterations must be at least 2, received {args.iterations}")
-    for option, value in (("--size", args.size), ("--repeats", args.repeats),
-                          *(("--batch", b) for b in args.batch)):
-        if value < 1:
-            parser.error(f"{option} must be at least 1, received {value}")
-    if not 1 <= args.per_column <= args.size:
-        parser.error(f"--per-column must be in [1, --size={args.size}], received "
-                     f"{args.per_column}")
+    check_layer_arguments(parser, args)
     variants = isas_to_run(args.isa)
     if variants == [None]:
         raise SystemExit("kernel_time.py times the compiled kernels, which are not built")

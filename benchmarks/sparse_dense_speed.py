@@ -52,7 +52,7 @@ from tfsparse.ops import kernels_available, sparse_matmul  # noqa: E402
 from tfsparse.ops import kernels  # noqa: E402
 import kernel_time  # noqa: E402
 import roofline  # noqa: E402
-from timing import cpu_model, interleaved_medians, random_layer  # noqa: E402
+from timing import check_layer_arguments, cpu_model, interleaved_medians, random_layer  # noqa: E402
 
 
 class TFSparseMatmulDense(keras.layers.Layer):
@@ -439,6 +439,7 @@ def main():
                         help="kernel variant(s) of SparseDense; 'all' runs every one "
                              "the CPU supports side by side")
     args = parser.parse_args()
+    check_layer_arguments(parser, args)
     n = args.size
     pattern, values = random_layer(n, args.per_column, np.random.default_rng(0))
     matrix = pattern.to_scipy(values)

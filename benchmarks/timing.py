@@ -64,6 +64,18 @@ def describe_machine(isas):
     return f"CPU: {cpu_model()}; kernel variants supported: {supported}; timed: {timed}"
 
 
+def check_layer_arguments(parser, args):
+    """``parser.error`` unless --size, --repeats and every --batch are at least 1
+    and --per-column is in [1, --size] (the benchmarks of one random layer)."""
+    for option, value in (("--size", args.size), ("--repeats", args.repeats),
+                          *(("--batch", b) for b in args.batch)):
+        if value < 1:
+            parser.error(f"{option} must be at least 1, received {value}")
+    if not 1 <= args.per_column <= args.size:
+        parser.error(f"--per-column must be in [1, --size={args.size}], received "
+                     f"{args.per_column}")
+
+
 def random_layer(size, per_column, rng):
     """The benchmarks' layer: ``(pattern, values)`` of a ``size x size`` kernel.
 

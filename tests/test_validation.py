@@ -45,7 +45,7 @@ def test_builder_takes_exactly_one_of_value_and_description(kwargs):
      "a float in (0, 1]"),
     (_validation.check_non_negative_float, [0, 2.5], [-0.1, float("inf"), float("nan"), True, None],
      "a finite non-negative float"),
-    (_validation.check_bool, [True, False], [1, 0, None, "yes"], "a bool"),
+    (_validation.check_bool, [True, False, np.True_], [1, 0, None, "yes"], "a bool"),
 ])
 def test_checks_accept_good_values_and_name_bad_ones(check, good, bad, expected):
     for value in good:

@@ -13,6 +13,8 @@ model, a large array), the message describes it instead (``received=...``).
 import math
 import numbers
 
+import numpy as np
+
 _NOT_GIVEN = object()
 
 
@@ -138,10 +140,10 @@ def check_choice(name, value, choices):
 
 
 def check_bool(name, value):
-    """Returns ``value`` if it is a Python bool, else raises.
+    """Returns ``value`` as a Python bool if it is a bool or NumPy's, else raises.
 
     Example:
       >>> check_bool("fused", True)
       True
     """
-    return _checked(name, value, isinstance(value, bool), "a bool", bool)
+    return _checked(name, value, isinstance(value, (bool, np.bool_)), "a bool", bool)

@@ -99,6 +99,13 @@ def test_use_isa_refuses_names_and_variants_it_cannot_run():
                 pass
 
 
+@requires_library
+def test_use_isa_takes_names_in_any_case_as_the_environment_variable_does():
+    # TFSPARSE_ISA=PORTABLE was taken while use_isa("PORTABLE") was refused.
+    with kernels.use_isa(" PORTABLE "):
+        assert kernels.isa() == "portable"
+
+
 @pytest.fixture
 def fresh_loader(monkeypatch, tmp_path):
     """The loader with no library loaded yet, restored afterwards."""

@@ -144,5 +144,7 @@ def test_fully_connected_must_be_a_bool():
     with pytest.raises(ValueError) as error, tflite_compatible(fully_connected="yes"):
         pass
     assert str(error.value) == (
-        'Received an invalid value for "fully_connected", expected True or False. '
+        'Received an invalid value for "fully_connected", expected a bool. '
         "Received: fully_connected='yes'")
+    with tflite_compatible(fully_connected=np.True_):  # NumPy's bool was refused
+        pass

@@ -3,6 +3,8 @@
 import subprocess
 import sys
 
+import pytest
+
 from tfsparse._keras import keras
 from tfsparse.layers import SparseDense
 from tfsparse.partition import Partition
@@ -102,3 +104,16 @@ def test_bound_table_matches_volume_lower_bound(tmp_path, capsys):
     assert "Any partition within epsilon sends at least:" in out
     assert (f"| 2 | {bound} | {bound / random_volume:.3f} | "
             f"{hyper / bound:.2f} | {random_volume / bound:.2f} |") in out
+
+
+@pytest.mark.parametrize("option, message", [
+    # Both failed only after every partition was computed (PIL's and Keras's
+    # tracebacks).
+    (["--plot", "/nonexistent/dir/p.png"], "--plot /nonexistent/dir/p.png: no directory"),
+    (["--model", "/nonexistent.keras"], "--model /nonexistent.keras does not exist"),
+])
+def test_paths_are_checked_before_any_work(option, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--neurons", "32", "--layers", "2", "-k", "2", "--no-progress", *option])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err

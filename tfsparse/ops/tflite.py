@@ -14,6 +14,7 @@ import threading
 import numpy as np
 import tensorflow as tf
 
+from tfsparse._validation import check_bool
 from tfsparse._validation import invalid_value
 from tfsparse.ops import _gather_products
 
@@ -65,8 +66,7 @@ def tflite_compatible(fully_connected=False):
       >>> sorted({op.type for op in graph.get_operations()} & {"GatherV2", "Sum"})
       ['GatherV2', 'Sum']
     """
-    if not isinstance(fully_connected, bool):
-        raise invalid_value("fully_connected", "True or False", fully_connected)
+    fully_connected = check_bool("fully_connected", fully_connected)
     previous = (in_tflite_compatible_scope(), getattr(_scope, "fully_connected", False))
     _scope.active, _scope.fully_connected = True, fully_connected
     try:

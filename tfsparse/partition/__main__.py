@@ -70,6 +70,12 @@ def parse_args(argv):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be a positive integer, "
                          f"got {getattr(args, name)}")
+    # Before the partitions are computed, not after (a traceback from PIL
+    # or Keras at the end of the run).
+    if args.model is not None and not args.model.exists():
+        parser.error(f"--model {args.model} does not exist")
+    if not args.plot.parent.is_dir():
+        parser.error(f"--plot {args.plot}: no directory {args.plot.parent}")
     return args
 
 

@@ -163,7 +163,8 @@ def use_isa(name):
     attribute of their ops), so trace a new ``tf.function`` per variant.
 
     Args:
-      name: ``"avx512"``, ``"avx2"`` or ``"portable"``; the CPU must support it.
+      name: ``"avx512"``, ``"avx2"`` or ``"portable"`` (any case, as
+        ``TFSPARSE_ISA``); the CPU must support it.
 
     Example:
       >>> from tfsparse.ops import kernels
@@ -173,6 +174,8 @@ def use_isa(name):
     """
     if _load() is None:
         raise RuntimeError("tfsparse's compiled kernels are not available. " + _REBUILD)
+    if isinstance(name, str) and name.strip().lower() in ISAS:
+        name = name.strip().lower()  # as TFSPARSE_ISA takes it
     if name not in ISAS:
         raise _validation.invalid_value("name", _validation.one_of(ISAS), name)
     if name not in _state["supported"]:
