@@ -24,7 +24,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfsparse import graphchallenge as gc
-from tfsparse._validation import check_positive_int, invalid_value
+from tfsparse._validation import check_non_negative_int, check_positive_int, invalid_value
 
 _INPUTS_HELP = (
     "number of inputs; the challenge uses 60000. Generated inputs are the 5,000 MNIST "
@@ -75,10 +75,7 @@ def _check_args(args):
     if args.data is not None and args.seed is not None:
         raise invalid_value("--seed", "no --seed with --data (it seeds a generated network)",
                             args.seed)
-    if args.seed is None:
-        args.seed = 0
-    if args.seed < 0:
-        raise invalid_value("--seed", "a non-negative integer", args.seed)
+    args.seed = check_non_negative_int("--seed", 0 if args.seed is None else args.seed)
     if args.bias is None:
         try:
             args.bias = gc.default_bias(args.neurons)

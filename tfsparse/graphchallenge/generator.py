@@ -33,6 +33,7 @@ depend on the stride order, not on the offsets.
 import numpy as np
 import scipy.sparse
 
+from tfsparse._validation import check_non_negative_int
 from tfsparse._validation import check_positive_int
 from tfsparse._validation import invalid_value
 
@@ -91,8 +92,7 @@ def radixnet(neurons, layers, seed=0, connections=DEFAULT_CONNECTIONS, weight=DE
     """
     strides = radixnet_strides(neurons, connections)
     check_positive_int("layers", layers)
-    if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or seed < 0:
-        raise invalid_value("seed", "a non-negative integer", seed)
+    seed = check_non_negative_int("seed", seed)
     if not np.isfinite(weight) or weight == 0:
         raise invalid_value("weight", "a finite nonzero number", weight)
     rng = np.random.default_rng(seed)

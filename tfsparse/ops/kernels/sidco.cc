@@ -303,24 +303,18 @@ class SidcoOp : public OpKernel {
         !exclude_zeros_ ? static_cast<double>(n)
         : exact_count   ? static_cast<double>(sums.nonzero)
                         : SampledNonzero(x, n);
-    // float64 magnitudes far from 1 (mean outside 2^-400 .. 2^400): the
-    // squares again, of |x| times a power of two near 1 / mean, so that they
-    // and the variance stay in double's range; the fit is then made in those
-    // units.
-    double unit = 1;
-    const double scale = ScaleFor(sums.sum / std::max(count, 1.0));
-    if (gpareto && scale != 1) {
+    auto scaled_squares = [&](T scale) {
       std::vector<double> part_squares(parts);
       in_parallel([&](int64_t p) {
-        part_squares[p] = passes_.scaled_squares(x, part_begin(p), part_end(p),
-                                                 static_cast<T>(scale));
+        part_squares[p] =
+            passes_.scaled_squares(x, part_begin(p), part_end(p), scale);
       });
-      sums.squares = 0;
-      for (double q : part_squares) sums.squares += q;
-      unit = 1 / scale;
-    }
+      double squares = 0;
+      for (double q : part_squares) squares += q;
+      return squares;
+    };
     const Stage1 fit = FitStage1(x, sums, n, count, stages, ratio, first_ratio,
-                                 1.0, unit, offset_logs, true);
+                                 1.0, offset_logs, scaled_squares, true);
     double eta = fit.eta;
 
     // Pass 2: the survivors of stage 1; later stages refit on them only.
@@ -344,10 +338,9 @@ class SidcoOp : public OpKernel {
     const bool exponential_later =
         distribution_ == Distribution::kExponential;
     for (int64_t stage = 0; stage < n_later; ++stage) {
-      // The moments in units of excess_unit: 1 unless the threshold is a
-      // float64 far from 1 (ScaleFor).
+      // The moments of the excess times excess_scale: 1 unless the threshold
+      // is a float64 far from 1 (ScaleFor).
       const double excess_scale = ScaleFor(static_cast<double>(cut));
-      const double excess_unit = 1 / excess_scale;
       Excess excess;
       for (int64_t p = 0; p < parts; ++p) {
         passes_.add_excess(segments[p], cut, static_cast<T>(excess_scale),
@@ -362,12 +355,12 @@ class SidcoOp : public OpKernel {
       const double variance =
           std::max(excess.squares / m - mean_excess * mean_excess, 0.0);
       const double shifted_mean =
-          mean_excess - (excess.low - static_cast<double>(cut)) / excess_unit;
+          mean_excess - (excess.low - static_cast<double>(cut)) * excess_scale;
       double shifted = exponential_later
                            ? ExponentialThreshold(shifted_mean, later)
                            : GparetoThreshold(shifted_mean, variance, later);
       if (!(shifted_mean > 0)) shifted = 0;
-      eta = shifted * excess_unit + excess.low;
+      eta = shifted / excess_scale + excess.low;
       const T next = static_cast<T>(eta);
       if (next >= cut) {
         for (int64_t p = 0; p < parts; ++p) {
@@ -454,11 +447,13 @@ class SidcoOp : public OpKernel {
   // `widen` times stage 1's ratio. offset_logs(offset) sums ln(|x| + offset)
   // over the same elements (the gamma fit without exclude_zeros); `exact`
   // fits constant magnitudes exactly (x is then all of the op's input).
-  // sums.squares are of |x| / unit (the gpareto fit is made in that unit).
+  // scaled_squares(scale) sums (|x| * scale)^2 over the same elements: the
+  // gpareto fit of float64 magnitudes far from 1 (ScaleFor) is made in units
+  // of a power of two near the mean, with the squares taken again.
   Stage1 FitStage1(const T* x, const Sums& sums, int64_t n, double count,
                    int64_t stages, double ratio, double first_ratio,
-                   double widen, double unit,
-                   const std::function<Sums(T)>& offset_logs,
+                   double widen, const std::function<Sums(T)>& offset_logs,
+                   const std::function<double(T)>& scaled_squares,
                    bool exact) const {
     Stage1 out;
     double fit_ratio = ratio;
@@ -480,10 +475,14 @@ class SidcoOp : public OpKernel {
     if (distribution_ == Distribution::kExponential) {
       eta = ExponentialThreshold(mean, first);
     } else if (distribution_ == Distribution::kGpareto) {
-      const double scaled_mean = mean / unit;
+      // The squares and the variance stay in double's range in these units.
+      const double scale = ScaleFor(mean);
+      const double squares =
+          scale == 1 ? sums.squares : scaled_squares(static_cast<T>(scale));
+      const double scaled_mean = mean * scale;
       const double variance =
-          std::max(sums.squares / fit_count - scaled_mean * scaled_mean, 0.0);
-      eta = GparetoThreshold(scaled_mean, variance, first) * unit;
+          std::max(squares / fit_count - scaled_mean * scaled_mean, 0.0);
+      eta = GparetoThreshold(scaled_mean, variance, first) / scale;
     } else {
       // s = ln(mean) - mean(ln x): over the nonzeros (exclude_zeros; zeros
       // add ln(mean) - ln(mean) = 0 in thresholds.py), or over all of
@@ -551,26 +550,23 @@ class SidcoOp : public OpKernel {
       }
       return sums;
     };
-    Sums sums =
+    const Sums sums =
         sample_sums(gpareto, exclude_zeros_, gamma && exclude_zeros_, T(0));
     const int64_t size = kSampleChunks * kSumBlock;
     const double count = exclude_zeros_ ? static_cast<double>(sums.nonzero)
                                         : static_cast<double>(size);
-    double unit = 1;  // as Compute's pass 1
-    const double scale = ScaleFor(sums.sum / std::max(count, 1.0));
-    if (gpareto && scale != 1) {
-      sums.squares = 0;
+    auto scaled_squares = [&](T scale) {
+      double squares = 0;
       for (int64_t j = 0; j < kSampleChunks; ++j) {
         const int64_t begin = chunk_begin(j);
-        sums.squares += passes_.scaled_squares(x, begin, begin + kSumBlock,
-                                               static_cast<T>(scale));
+        squares += passes_.scaled_squares(x, begin, begin + kSumBlock, scale);
       }
-      unit = 1 / scale;
-    }
+      return squares;
+    };
     const Stage1 fit = FitStage1(
-        x, sums, size, count, stages, ratio, first_ratio, kGuessWiden, unit,
+        x, sums, size, count, stages, ratio, first_ratio, kGuessWiden,
         [&](T offset) { return sample_sums(false, false, true, offset); },
-        false);
+        scaled_squares, false);
     *fraction = std::min(fit.first * kGuessWiden, 1.0) * count /
                 static_cast<double>(size);
     if (fit.constant || *fraction > kMaxGuessed || !(fit.eta > 0)) return T(0);
