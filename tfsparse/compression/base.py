@@ -67,11 +67,8 @@ class Compressor(tf.Module):
             `(values, indices)`: 1-D tensors of the kept values (dtype of
             `flat`) and their positions (int32), of equal length.
         """
-        flat = self._checked(flat)
-        flat = tf.debugging.check_numerics(
-            flat, "Compressors take finite values; this tensor holds NaN or Inf")
-        values, indices = self._compress(flat)
-        return values, tf.cast(indices, INDEX_DTYPE)
+        return self._compress_finite(tf.debugging.check_numerics(
+            self._checked(flat), "Compressors take finite values; this tensor holds NaN or Inf"))
 
     def _compress_finite(self, flat):
         """`compress` for a caller that has checked or replaced non-finite values itself."""
