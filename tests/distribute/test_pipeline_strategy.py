@@ -43,6 +43,22 @@ def test_one_step_windows_equal_training_with_gradient_accumulation(results, sch
     assert got["iterations"] == 8  # 48 samples / 12 per batch * 2 epochs
 
 
+@pytest.mark.parametrize("batch_size", [20, 23])
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "layerpipe", "pipedream"])
+def test_batches_num_microbatches_does_not_divide_train_as_plain_keras(
+        results, schedule, batch_size):
+    # 48 rows with num_microbatches=3: batches of 20 (7, 7, 6 rows) and a
+    # last one of 8 (3, 3, 2); or of 23 and a last one of 2 (two of 1 row).
+    # Each micro-batch's gradient weighted by its rows: the batch's mean.
+    got, plain = results[f"uneven_{batch_size}_{schedule}"], results[f"uneven_{batch_size}_plain"]
+    assert_weights_close(got["weights"], plain["weights"])
+    np.testing.assert_allclose(got["history"]["loss"], plain["history"]["loss"], rtol=1e-5)
+    assert got["history"]["accuracy"] == plain["history"]["accuracy"]
+    assert got["iterations"] == 6  # 3 batches per epoch, 2 epochs
+    if schedule == "layerpipe":  # rows of layer 0 lent to stage 0, as with even batches
+        assert got["stage_iterations"] == [0, 6] and got["borrowed"][0] > 0
+
+
 def test_layerpipe_really_splits_a_layer_over_two_devices(results):
     got = results["layerpipe_sgd"]
     # 12x40 dense first layer dominates: stage 0 owns no layer and computes
@@ -91,6 +107,3 @@ def test_bad_inputs_raise_keras_style_errors(results):
     assert errors["stages"] == (
         'Received an invalid value for "devices", expected at most one device per '
         "layer (the model has 1 layer). Received: devices=['/cpu:0', '/cpu:1']")
-    assert errors["microbatches"] == (
-        'Received an invalid value for "num_microbatches", expected a divisor of the '
-        "batch size (10). Received: num_microbatches=4")

@@ -47,9 +47,11 @@ def test_simulate_uses_the_executed_plan_and_explicit_stages():
     result = strategy.simulate(model, batch_size=8, steps=3)
     assert result.plan.stages == ((0, 1),)
     assert result.cycles == 3 * 2 * 5  # one stage: every action in turn
-    with pytest.raises(ValueError, match='"num_microbatches", expected a divisor of the '
-                       r"batch size \(7\)"):
-        strategy.simulate(model, batch_size=7)
+    # 7 rows: micro-batches of 4 and 3, as fit cuts them; 1 row: one.
+    assert strategy.simulate(model, batch_size=7, steps=3).schedule.num_microbatches == 2
+    assert strategy.simulate(model, batch_size=1).schedule.num_microbatches == 1
+    with pytest.raises(ValueError, match='"batch_size", expected a positive int'):
+        strategy.simulate(model, batch_size=0)
     with pytest.raises(ValueError, match='"model", expected a model attached to this '
                        r'strategy \(strategy.attach\(model\) after model.compile\)'):
         strategy.simulate(chain(), batch_size=8)

@@ -59,7 +59,8 @@ def test_reported_losses_include_every_stages_penalties(ranks, kind):
     # Stage 0 holds a kernel regularizer, an activity regularizer and an
     # add_loss, stage 1 a bias regularizer; 1F1B is synchronous, so fit's
     # History and evaluate equal plain Keras, whose losses add all of them
-    # (evaluate in batches of 18 rows: micro-batches of 5, 5, 4 and 4 rows).
+    # (fit and evaluate in batches of 18 rows: micro-batches of 5, 5, 4 and 4
+    # rows, each micro-batch's gradient and loss weighted by its rows).
     # Same float32 ops as one process, penalties summed in another order:
     # a few ulps of an O(1) loss, as for the weights (TOLERANCE).
     runs = ranks[0]["regularized"]

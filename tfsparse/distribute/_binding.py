@@ -10,6 +10,7 @@ the binding (so a recompiled model is a plain Keras model again).
 
 import dataclasses
 import functools
+import itertools
 
 import tensorflow as tf
 
@@ -21,6 +22,7 @@ from tfsparse._validation import invalid_value as invalid
 from tfsparse.distribute import costs as _costs
 from tfsparse.distribute._executor import PipelineExecutor
 from tfsparse.distribute._executor import lent_rows
+from tfsparse.distribute._executor import microbatch_sizes
 from tfsparse.distribute._horovod import SINK
 from tfsparse.distribute._inference import LocalInference
 from tfsparse.distribute._inference import activation_spec
@@ -154,12 +156,10 @@ class Binding:
             self._layers = layers
         return self._layers
 
-    def microbatch_rows(self, batch_size):
-        m = self.strategy.num_microbatches
-        if batch_size % m:
-            raise invalid("num_microbatches", f"a divisor of the batch size "
-                          f"({batch_size})", m)
-        return batch_size // m
+    def microbatch_sizes(self, batch_size):
+        """Rows of each micro-batch of a training batch of ``batch_size`` rows:
+        ``min(num_microbatches, batch_size)`` sizes that differ by at most one."""
+        return microbatch_sizes(batch_size, self.strategy.num_microbatches)
 
     def costs(self, rows):
         if self.strategy.costs is not None:
@@ -223,8 +223,14 @@ class Binding:
             result.setdefault(run.stage, []).append(run.partition)
         return result
 
-    def executor(self, rows):
-        if rows not in self._executors:
+    def executor(self, batch_rows):
+        """The executor of training batches of ``batch_rows`` rows.
+
+        Its plan is that of the batch's largest micro-batch.
+        """
+        if batch_rows not in self._executors:
+            sizes = self.microbatch_sizes(batch_rows)
+            rows = sizes[0]
             plan = self.plan(rows)
             runs = self.partitioned_runs(plan)
             optimizer = self.model.optimizer
@@ -245,16 +251,16 @@ class Binding:
                 self._device_optimizers[key] for key in sorted(self._device_optimizers)]
             executor = PipelineExecutor(
                 self.model, self.layers(), plan, self.strategy.devices,
-                self._optimizers, self.strategy.schedule,
-                self.strategy.num_microbatches, self.strategy.options,
-                plan.stage_costs(self.costs(rows)), transport=self._transport(),
-                runs=runs, device_optimizers=self._device_optimizers)
+                self._optimizers, self.strategy.schedule, len(sizes),
+                self.strategy.options, plan.stage_costs(self.costs(rows)),
+                transport=self._transport(), runs=runs,
+                device_optimizers=self._device_optimizers)
             if isinstance(optimizer, keras.optimizers.Optimizer):
                 # Built before tracing, so the window is traced once.
                 for stage_optimizer, variables in executor.optimizer_variables():
                     stage_optimizer.build(variables)
-            self._executors[rows] = executor
-        return self._executors[rows]
+            self._executors[batch_rows] = executor
+        return self._executors[batch_rows]
 
     def _transport(self):
         if self.strategy._horovod is None:
@@ -270,20 +276,22 @@ class Binding:
     # ------------------------------------------------------------ training
     def train_function(self, iterator):
         batches = self._next_window(iterator)
-        rows = self.microbatch_rows(int(tf.nest.flatten(batches[0][0])[0].shape[0]))
-        for x, _, _ in batches[1:]:
-            self.microbatch_rows(int(x.shape[0]))
-        executor = self.executor(rows)
-        executor.transport.prepare(self.model, batches)
-        if self.model.run_eagerly:
-            logs = executor.train_window(batches)
-        else:
+        # A window's batches of one size run as one schedule; a batch of
+        # another size (Keras's smaller last one) as a window of its own,
+        # cut into micro-batches that differ by at most one row.
+        for rows, group in itertools.groupby(batches, key=_batch_rows):
+            group = list(group)
+            executor = self.executor(rows)
+            executor.transport.prepare(self.model, group)
+            if self.model.run_eagerly:
+                logs = executor.train_window(group)
+                continue
             if rows not in self._windows:
                 # No autograph: the window is straight-line code (the schedule
                 # is unrolled in Python), and converting every call it makes
                 # multiplies the tracing time.
                 self._windows[rows] = tf.function(executor.train_window, autograph=False)
-            logs = self._windows[rows](batches)
+            logs = self._windows[rows](group)
         self.model.optimizer.iterations.assign_add(len(batches))
         logs = dict(logs)
         logs.pop(SINK, None)  # see tfsparse.distribute._horovod
@@ -404,3 +412,8 @@ class Binding:
         if kind not in self._inference_windows:
             self._inference_windows[kind] = tf.function(window, autograph=False)
         return self._inference_windows[kind](batches)
+
+
+def _batch_rows(batch):
+    """The rows of an (x, y, weight) batch."""
+    return int(tf.nest.flatten(batch[0])[0].shape[0])

@@ -130,8 +130,13 @@ class PipelineExecutor:
     def _split(self, batches):
         micro = []
         for x, y, weight in batches:
-            parts = [tf.split(t, self.num_microbatches) if t is not None else
-                     [None] * self.num_microbatches for t in (x, y, weight)]
+            sizes = microbatch_sizes(int(tf.nest.flatten(x)[0].shape[0]),
+                                     self.num_microbatches)
+            if len(sizes) != self.num_microbatches:
+                raise ValueError(f"a batch of {sum(sizes)} rows cannot be cut into "
+                                 f"{self.num_microbatches} micro-batches")
+            parts = [tf.split(t, sizes) if t is not None else
+                     [None] * len(sizes) for t in (x, y, weight)]
             micro += list(zip(*parts))
         return micro
 
@@ -187,7 +192,9 @@ class PipelineExecutor:
         return stage
 
     def _send_weight_gradient(self, action, state):
-        parts = [state.lent_grads.pop((action.stage, m), None) for m in action.microbatches]
+        weights = state.row_weights(action.microbatches)
+        parts = [[_weighted(g, w) for g in state.lent_grads.pop((action.stage, m), None) or []]
+                 for m, w in zip(action.microbatches, weights)]
         parts = [p for p in parts if p]
         partial = [tf.add_n(list(column)) for column in zip(*parts)] if parts else []
         state.outbox[(action.kind, action.stage, -1, action.microbatches)] = partial
@@ -317,6 +324,7 @@ class PipelineExecutor:
             for m in action.microbatches:
                 state.grads.get(stage, {}).pop(m, None)
             return None
+        weights = state.row_weights(action.microbatches)
         mine = [state.grads[stage].pop(m) for m in action.microbatches]
         received = state.inbox.pop(
             (S.RECEIVE_WEIGHT_GRADIENT, stage, -1, action.microbatches), None) or []
@@ -328,7 +336,7 @@ class PipelineExecutor:
             with tf.device(device):
                 grads = []
                 for i in positions:
-                    total = tf.add_n(list(columns[i]))
+                    total = tf.add_n([_weighted(g, w) for g, w in zip(columns[i], weights)])
                     if i < len(received):  # the previous stage's partial gradient
                         total = total + received[i]
                     grads.append(total * tf.cast(scale, total.dtype))
@@ -350,7 +358,23 @@ class _WindowState:
     def rows(self, action):
         """Rows of the micro-batch(es) an action is about."""
         index = action.microbatch if action.microbatch >= 0 else action.microbatches[0]
-        return self.micro[index][0].shape[0]
+        return self._rows(index)
+
+    def _rows(self, microbatch):
+        return int(tf.nest.flatten(self.micro[microbatch][0])[0].shape[0])
+
+    def row_weights(self, microbatches):
+        """Per micro-batch, its rows over their mean over ``microbatches``.
+
+        An update averages the gradients of its micro-batches; weighted so,
+        the average is the mean over their rows when the micro-batches
+        differ in size (a batch that ``num_microbatches`` does not divide).
+        ``None`` for each when they are all the same size (no weighting).
+        """
+        rows = [self._rows(m) for m in microbatches]
+        if len(set(rows)) == 1:
+            return [None] * len(rows)
+        return [r * len(rows) / sum(rows) for r in rows]
 
 
 class LocalTransport:
@@ -383,12 +407,42 @@ def _feature_shape(shape):
     return [int(d) for d in tuple(shape)[1:]]
 
 
+def microbatch_sizes(rows, num_microbatches):
+    """Rows of each micro-batch of a batch of ``rows`` rows.
+
+    Args:
+      rows: a Python int (the static batch size), or a scalar integer tensor
+        when the batch size is only known at run time.
+      num_microbatches: the strategy's micro-batches per batch.
+
+    Returns:
+      For an int: a list of ``min(num_microbatches, rows)`` ints that differ
+      by at most one, larger first, summing to ``rows``. For a tensor: a
+      tensor of ``num_microbatches`` such sizes (some 0 when ``rows`` is
+      smaller).
+
+    Example:
+      >>> microbatch_sizes(12, 4), microbatch_sizes(6, 4), microbatch_sizes(2, 4)
+      ([3, 3, 3, 3], [2, 2, 1, 1], [1, 1])
+    """
+    if isinstance(rows, int):
+        parts = min(num_microbatches, rows)
+        return [rows // parts + (i < rows % parts) for i in range(parts)]
+    return rows // num_microbatches + tf.cast(
+        tf.range(num_microbatches) < rows % num_microbatches, rows.dtype)
+
+
 def lent_rows(plan, stage, rows):
     """Rows of a micro-batch of ``rows`` that ``stage`` computes of the next
     stage's first layer: the plan's fraction, rounded, the owner keeping one."""
     if stage + 1 >= plan.num_stages or rows < 2:
         return 0
     return min(int(round(plan.borrowed[stage] * rows)), rows - 1)
+
+
+def _weighted(gradient, weight):
+    """``gradient`` times ``weight`` (``None``: the gradient as it is)."""
+    return gradient if weight is None else gradient * tf.cast(weight, gradient.dtype)
 
 
 def _replace_runs(layers, indices, runs):

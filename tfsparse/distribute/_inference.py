@@ -26,35 +26,11 @@ import tensorflow as tf
 
 from tfsparse.distribute._executor import LocalTransport
 from tfsparse.distribute._executor import _replace_runs
+from tfsparse.distribute._executor import microbatch_sizes
 from tfsparse.distribute._partitioned import PartitionedLayers
 
 INFER_ACTIVATION = "infer_activation"
 INFER_OUTPUT = "infer_output"
-
-
-def microbatch_sizes(rows, num_microbatches):
-    """Rows of each micro-batch of a batch of ``rows`` rows.
-
-    Args:
-      rows: a Python int (the static batch size), or a scalar integer tensor
-        when the batch size is only known at run time.
-      num_microbatches: the strategy's micro-batches per batch.
-
-    Returns:
-      For an int: a list of ``min(num_microbatches, rows)`` ints that differ
-      by at most one, larger first, summing to ``rows``. For a tensor: a
-      tensor of ``num_microbatches`` such sizes (some 0 when ``rows`` is
-      smaller).
-
-    Example:
-      >>> microbatch_sizes(12, 4), microbatch_sizes(6, 4), microbatch_sizes(2, 4)
-      ([3, 3, 3, 3], [2, 2, 1, 1], [1, 1])
-    """
-    if isinstance(rows, int):
-        parts = min(num_microbatches, rows)
-        return [rows // parts + (i < rows % parts) for i in range(parts)]
-    return rows // num_microbatches + tf.cast(
-        tf.range(num_microbatches) < rows % num_microbatches, rows.dtype)
 
 
 def pipelined_forward(x, layers, groups, devices, transport, num_microbatches,

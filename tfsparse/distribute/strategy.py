@@ -39,8 +39,9 @@ class PipelineStrategy:
     ``k`` mini-batches: the asynchronous schedules overlap them, and the
     pipeline drains at the end of each such window.
 
-    The update of every stage uses the mean gradient of its micro-batches, by
-    a per-stage copy of the model's optimizer (so each stage's optimizer
+    The update of every stage uses the mean gradient of its micro-batches
+    (each weighted by its rows when they differ in size), by a per-stage
+    copy of the model's optimizer (so each stage's optimizer
     counts its own updates); ``model.optimizer.iterations`` counts the
     mini-batches. ``"gpipe"`` (and ``"1f1b"``) therefore equal training
     without a pipeline with the gradient accumulated over the micro-batches.
@@ -84,10 +85,13 @@ class PipelineStrategy:
         micro-batch, the last stage computes the loss, metrics or outputs,
         and every process returns them (every process must be fed the
         same data, as in ``fit``).
-      num_microbatches: micro-batches per mini-batch; must divide the
-        training batch. ``evaluate`` and ``predict`` cut any other batch
-        (such as a smaller last one) into ``min(num_microbatches, rows)``
-        micro-batches that differ by at most one row.
+      num_microbatches: micro-batches per mini-batch. A batch it does not
+        divide (such as Keras's smaller last one) is cut into
+        ``min(num_microbatches, rows)`` micro-batches that differ by at most
+        one row, in ``fit`` as in ``evaluate`` and ``predict``; in ``fit``
+        each micro-batch's gradient is then weighted by its rows, so the
+        update is still the mean gradient over the batch's rows, and the
+        batch runs as a window of its own.
       schedule: ``"gpipe"``, ``"1f1b"``, ``"pipedream"``, ``"layerpipe"`` or
         ``"async"`` (see ``tfsparse.distribute.schedules``).
       stages: optional explicit assignment: one list per device of layer
@@ -224,7 +228,9 @@ class PipelineStrategy:
 
         Args:
           model: a model attached to this strategy.
-          batch_size: the mini-batch size.
+          batch_size: the mini-batch size; one that ``num_microbatches``
+            does not divide is cut as ``fit`` cuts it (its larger
+            micro-batches' costs are simulated).
           steps: mini-batches (the graph's window, ``steps_per_execution``).
           costs: per-layer costs for one micro-batch (default: the strategy's
             ``costs`` or the cost model).
@@ -239,11 +245,11 @@ class PipelineStrategy:
             raise invalid("model", "a model attached to this strategy "
                           "(strategy.attach(model) after model.compile)",
                           getattr(model, "name", model))
-        rows = binding.microbatch_rows(batch_size)
-        plan = binding.plan(rows)
+        sizes = binding.microbatch_sizes(check_positive_int("batch_size", batch_size))
+        plan = binding.plan(sizes[0])
         if costs is None:
-            costs = binding.costs(rows)
-        return _simulate(self.schedule, costs, self.num_stages, self.num_microbatches,
+            costs = binding.costs(sizes[0])
+        return _simulate(self.schedule, costs, self.num_stages, len(sizes),
                          steps, stages=plan, **self.options, **kwargs)
 
 

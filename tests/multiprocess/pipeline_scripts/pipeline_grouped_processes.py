@@ -50,7 +50,7 @@ def mlp():
 def partitioned_ops(model, window):
     """Ops under a partitioned layer's scope, per device, in the traced graphs
     of the training window and of ``predict``'s window."""
-    train = model.pipeline._windows[len(X[:12]) // 4]
+    train = model.pipeline._windows[len(X[:12])]  # batches of 12 rows
     predict = model.pipeline._inference_windows["predict"]
     return {
         "train": _ops_per_device(train.get_concrete_function(

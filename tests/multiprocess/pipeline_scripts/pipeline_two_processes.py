@@ -61,10 +61,10 @@ def regularized_mlp():
     ])
 
 
-def train(strategy, optimizer, window, network=mlp, evaluate_batch=12):
+def train(strategy, optimizer, window, network=mlp, batch_size=12):
     model = compiled(strategy, network, optimizer, window)
-    history = model.fit(X, Y, batch_size=12, epochs=2, shuffle=False, verbose=0)
-    evaluated = model.evaluate(X, Y, batch_size=evaluate_batch, verbose=0)
+    history = model.fit(X, Y, batch_size=batch_size, epochs=2, shuffle=False, verbose=0)
+    evaluated = model.evaluate(X, Y, batch_size=batch_size, verbose=0)
     return {
         "weights": [w.tolist() for w in model.get_weights()],
         "loss": history.history["loss"],
@@ -98,8 +98,8 @@ def main(out):
         }
     # Regularization losses of stage 0 reach the loss that stage 1 reports,
     # in fit and evaluate. 1F1B is synchronous, so it equals training
-    # without a pipeline; windows of 2 batches; evaluate in batches of 18, 18
-    # and 12 rows: micro-batches of 5, 5, 4, 4 rows weigh unequally.
+    # without a pipeline; windows of 2 batches; fit and evaluate in batches
+    # of 18, 18 and 12 rows: micro-batches of 5, 5, 4, 4 rows weigh unequally.
     stages = [[0, 1], [2, 3]]
     results["regularized"] = {
         "processes": train(PipelineStrategy(devices="horovod", num_microbatches=4,
