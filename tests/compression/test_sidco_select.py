@@ -219,6 +219,22 @@ def test_half_precision_runs_on_the_tensorflow_path():
     assert 150 <= int(tf.size(indices)) <= 260
 
 
+@pytest.mark.parametrize("dtype", [tf.float16, tf.bfloat16])
+@pytest.mark.parametrize("distribution", ["exponential", "gpareto", "gamma"])
+def test_half_precision_later_stages_fit_in_float32(distribution, dtype):
+    # |g| about 100: the survivors' excess over stage 1's threshold sums to
+    # about 5e6 and its squares far more, beyond float16's 65504. The later
+    # stages' moments are float32 (as stage 1's), so the threshold is the
+    # float32 one of the same (rounded) values; before, float16 gave inf.
+    g = (100 * _gradient("laplace", 200_000, seed=9)).astype(np.float32)
+    half = tf.cast(tf.constant(g), dtype)
+    _, indices, eta = sidco_select(half, 0.001, 3, distribution)
+    want = reference_threshold(np.abs(tf.cast(half, tf.float64).numpy()), 0.001, 3,
+                               distribution, False)
+    assert float(eta) == pytest.approx(want, rel=FLOAT32_RTOL)
+    assert 100 <= int(tf.size(indices)) <= 400  # 200 asked
+
+
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_saved_model_export_uses_core_ops_only(variant, tmp_path):
     module = tf.Module()

@@ -327,7 +327,7 @@ def multistage_threshold(
     n_later = tf.where(_float64(ratio) < first_ratio, stages - 1, 0)
 
     def refine(i, eta):
-        count, low, mean, variance, unit = survivor_moments(magnitudes, eta)
+        count, low, mean, variance, unit = survivor_moments(x, eta)
         if later_distribution == "exponential":
             shifted = exponential_threshold(mean, later)
         else:
