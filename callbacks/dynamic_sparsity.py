@@ -4,6 +4,7 @@ import numbers
 import time
 
 import numpy as np
+import tensorflow as tf
 
 from tfsparse import _framework_internal
 from tfsparse import dynamic
@@ -51,6 +52,15 @@ class DynamicSparsity(keras.callbacks.Callback):
     step (``optimizer.iterations``), the step's batch and the model's state,
     so ``keras.callbacks.BackupAndRestore`` resumes bit-identically: the
     pattern is in the layers' weights.
+
+    Under a ``keras.mixed_precision.LossScaleOptimizer`` a step whose scaled
+    gradients overflow is skipped by the optimizer. Where the layers'
+    inputs or output gradients RigL keeps overflowed with them, RigL skips
+    that step's update too and lists the step in ``skipped_steps``; the
+    next update comes ``update_every`` steps later, as after any update.
+    (Where they stayed finite, the scaled gradient ranks the positions as
+    the unscaled one would: RigL updates.) Without loss scaling a
+    non-finite grow gradient is an error.
 
     Updates run between executions: with ``steps_per_execution > 1`` every
     update step must end one (as it does when ``update_every`` and the steps
@@ -115,11 +125,12 @@ class DynamicSparsity(keras.callbacks.Callback):
         self.layer_selection, self.seed, self.block_elements = layers, int(seed), block_elements
         self.verbose = verbose
         self.updates = []
+        self.skipped_steps = []  # RigL's update steps a LossScaleOptimizer skipped
         self._capture = self._installed = None
 
     # ---------------------------------------------------------------- Keras hooks
     def on_train_begin(self, logs=None):
-        self.updates = []
+        self.updates, self.skipped_steps = [], []
         check_optimizer(self.model.optimizer)  # not at the first update, mid-training
         self._layers = self._resolve_layers()
         self._end = self._end_step()
@@ -179,6 +190,12 @@ class DynamicSparsity(keras.callbacks.Callback):
         fraction = dynamic.drop_fraction_at(step, self.drop_fraction, self._end, self.decay)
         gradients = self._capture.captured(executed) if self.method == "rigl" else None
         hvd = active_horovod()
+        if gradients is not None and _overflowed(self.model.optimizer, gradients, hvd):
+            self.skipped_steps.append(step)
+            if self.verbose:
+                print(f"DynamicSparsity step {step}: skipped (the loss-scaled gradients "
+                      "overflowed, and the optimizer skipped the step)")
+            return
         moved = {}
         for index, layer in enumerate(self._layers):
             agree, average = (horovod_agreement(hvd, f"dynamic_sparsity_{index}")
@@ -233,6 +250,19 @@ class DynamicSparsity(keras.callbacks.Callback):
             raise ValueError(
                 "DynamicSparsity found no SparseDense or SparseConv2D layer in the model.")
         return found
+
+
+def _overflowed(optimizer, gradients, hvd):
+    """True when a LossScaleOptimizer's step overflowed: RigL's captured inputs
+    or output gradients are not finite on some rank (they feed the step's
+    weight gradients, so the optimizer skipped that step)."""
+    if not isinstance(optimizer, keras.mixed_precision.LossScaleOptimizer):
+        return False
+    finite = all(bool(tf.reduce_all(tf.math.is_finite(t))) for pair in gradients for t in pair)
+    overflowed = tf.constant(0.0 if finite else 1.0)
+    if hvd is not None:  # every rank decides alike
+        overflowed = hvd.allreduce(overflowed, op=hvd.Sum, name="dynamic_sparsity_overflow")
+    return float(overflowed) > 0
 
 
 def _refuse_distributed(model):

@@ -439,3 +439,36 @@ def test_an_optimizer_with_factored_state_is_refused_before_training():
         model.fit(np.ones((8, 6)), np.ones((8, 4)), batch_size=2, verbose=0,
                   callbacks=[callback, counter])
     assert steps == []
+
+
+def test_rigl_skips_the_updates_of_steps_a_loss_scale_optimizer_skipped():
+    # Under mixed_float16, a dynamic loss scale of 2**15 makes the scaled
+    # gradients of targets of about 100 overflow in float16 at the first
+    # steps: the optimizer skips those steps (and halves its scale); where
+    # RigL's grow gradient is the overflowed one, it skips their updates and
+    # updates at every other step (before, fit stopped with an error).
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        model = _model()
+    finally:
+        keras.mixed_precision.set_global_policy(None)
+    model.compile(keras.mixed_precision.LossScaleOptimizer(keras.optimizers.Adam()), "mse")
+    scales = []
+
+    class Scales(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            scales.append(float(model.optimizer.loss_scale))
+
+    rigl = DynamicSparsity("rigl", update_every=1, end_step=16)
+    model.fit(X, 100 * Y, batch_size=8, epochs=2, shuffle=False, verbose=0,
+              callbacks=[Scales(), rigl])
+    skipped = [step for step in range(1, len(scales)) if scales[step] < scales[step - 1]]
+    # Steps 1-5 overflow in the layers' output gradients (RigL's too); later
+    # ones may overflow elsewhere only (in a weight gradient x^T dz formed in
+    # float16), where RigL's own inputs and output gradients stay finite and
+    # rank the positions as well as unscaled ones: it updates there.
+    assert rigl.skipped_steps and set(rigl.skipped_steps) <= set(skipped)
+    assert [u["step"] for u in rigl.updates] == [
+        s for s in range(1, 16) if s not in rigl.skipped_steps]
+    for layer in model.layers:
+        assert np.isfinite(layer.values.numpy()).all()
