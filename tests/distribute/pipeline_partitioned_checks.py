@@ -261,6 +261,39 @@ def save_and_reload(results):
                               "reference": summary(reference, fit(reference, 1))}
 
 
+def changed_pattern(results):
+    """Weights of another pattern loaded after the group's shards were cut."""
+    devices, stages = CONFIGS["last"]
+    other = mlp()
+    for layer in other.layers:  # the same shapes and counts, other positions
+        if isinstance(layer, tfsparse.SparseDense):
+            fan_in = layer.nnz / layer.units / layer.input_dim
+            layer.set_pattern(tfsparse.ops.SparsityPattern.random(
+                (layer.input_dim, layer.units), fan_in, seed=7), layer.values)
+    checkpoint = os.path.join(tempfile.mkdtemp(), "other")
+    other.save_weights(checkpoint)
+    plain = mlp()
+    compile_(plain, "sgd")
+    plain.load_weights(checkpoint)
+    out = {"plain_predict": plain.predict(X[:10], batch_size=10, verbose=0).tolist()}
+    strategy, model = pipelined(devices, stages, "gpipe", "sgd", 1)
+    fit(model, epochs=1)
+    model.load_weights(checkpoint)
+    for kind, run in (("predict", lambda: model.predict(X[:10], batch_size=10, verbose=0)),
+                      ("fit", lambda: fit(model, epochs=1))):
+        try:
+            run()
+            out[f"{kind}_error"] = None
+        except tf.errors.InvalidArgumentError as error:
+            out[f"{kind}_error"] = error.message
+    strategy.attach(model)  # partitions the loaded pattern at its next run
+    out["reattached_predict"] = model.predict(X[:10], batch_size=10, verbose=0).tolist()
+    _, fresh = pipelined(devices, stages, "gpipe", "sgd", 1)
+    fresh.load_weights(checkpoint)  # before the pipeline first runs it
+    out["loaded_first_predict"] = fresh.predict(X[:10], batch_size=10, verbose=0).tolist()
+    results["changed_pattern"] = out
+
+
 def _perturbed(weights, seed):
     rng = np.random.default_rng(seed)
     return [w + (0.1 * rng.normal(size=w.shape)).astype(w.dtype) if w.dtype.kind == "f"
@@ -407,8 +440,8 @@ def bad_inputs(results):
 
 def main(path):
     results = {}
-    for check in (equivalence, volume, save_and_reload, inference, softmax_runs, simulated,
-                  bad_inputs):
+    for check in (equivalence, volume, save_and_reload, changed_pattern, inference,
+                  softmax_runs, simulated, bad_inputs):
         check(results)
     with open(path, "w") as handle:
         json.dump(results, handle)

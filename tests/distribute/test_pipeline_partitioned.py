@@ -105,6 +105,19 @@ def test_training_graph_uses_every_device_of_the_group(results):
                                        "device:CPU:3"]
 
 
+def test_weights_of_another_pattern_loaded_after_partitioning_are_refused(results):
+    # The shards were cut from the trained pattern; reading the loaded
+    # values at its positions gave outputs off by up to 1.1 before.
+    got = results["changed_pattern"]
+    for kind in ("predict", "fit"):
+        assert "The pattern of sparse_1 changed after PipelineStrategy partitioned it" in (
+            got[f"{kind}_error"] or "")
+    # Attached again, or loaded before the pipeline first ran: partitioned
+    # from the loaded pattern (a few float32 ulps, as below).
+    for kind in ("reattached_predict", "loaded_first_predict"):
+        np.testing.assert_allclose(got[kind], got["plain_predict"], rtol=1e-6, atol=1e-6)
+
+
 def test_save_checkpoint_evaluate_predict(results):
     got = results["save"]
     # One Keras variable per weight, as without the group: no shard is saved.

@@ -37,7 +37,9 @@ rows`` multiply-adds; and the shards and their optimizer slots are a second
 copy of the partitioned layers' weights in memory. Writes to the layer's
 variables between windows (``set_weights``, loading weights, callbacks)
 are picked up by the next window; writes from inside a window are not
-(nothing else writes them there).
+(nothing else writes them there). A pattern other than the one the
+shards were cut from raises there (its fingerprint is checked where the
+weights are read): the shards would read its values at the old positions.
 
 ``evaluate`` and ``predict`` run the same partitioned forward (``infer``:
 same placement, same exchange, no tape) but read the layer's variables,
@@ -208,6 +210,12 @@ def build_runs(layers, stages, strategy):
             for (stage, run), part in zip(found, parts)]
 
 
+def pattern_fingerprint(layer):
+    """A fingerprint of a SparseDense layer's pattern (its positions), 8 bytes."""
+    positions = tf.stack([layer.pattern_rows, layer.pattern_cols])
+    return tf.fingerprint(tf.reshape(positions, [1, -1]))[0]
+
+
 def _scatter_columns(pieces, columns, width):
     """Sums the columns of ``pieces`` into ``width`` columns at ``columns``."""
     joined = tf.concat(pieces, axis=1) if len(pieces) > 1 else pieces[0]
@@ -268,6 +276,9 @@ class PartitionedLayers:
                             self._device_of[variable.ref()] = device
                 self.values.append(values)
                 self.biases.append(biases)
+            # The pattern the shards were cut from: a later one (loaded or
+            # set into the layer) would be read at the old positions.
+            self._fingerprints = [pattern_fingerprint(layer) for layer in self.layers]
         self.trainable_variables = [
             v for values, biases in zip(self.values, self.biases)
             for pair in zip(values, biases) for v in pair if v is not None]
@@ -302,9 +313,19 @@ class PartitionedLayers:
         """Per layer, per device: the device's ``(values, bias)`` read from the
         layer's variables (on their device)."""
         result = []
-        for layer, shards in zip(self.layers, self.shards):
+        for layer, shards, kept in zip(self.layers, self.shards, self._fingerprints):
             with tf.device(layer.values.device):
-                result.append([shard_weights(layer, shard) for shard in shards])
+                same = tf.debugging.assert_equal(
+                    pattern_fingerprint(layer), kept, message=(
+                        f"The pattern of {layer.name} changed after PipelineStrategy "
+                        f"partitioned it over {', '.join(self.devices)} (set_weights or "
+                        "load_weights of another pattern): its shards hold the old one. "
+                        "Load weights before the pipeline first runs the model (after "
+                        "attach, before fit, evaluate or predict), or attach the model "
+                        "to the strategy again (its stages' optimizers then start "
+                        "afresh)."))
+                with tf.control_dependencies([same]):  # the reads wait for the check
+                    result.append([shard_weights(layer, shard) for shard in shards])
         return result
 
     def load(self):
