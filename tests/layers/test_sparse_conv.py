@@ -173,3 +173,13 @@ def test_an_array_pattern_keeps_its_values_exactly_in_a_float64_layer():
         assert layer.nnz == 3
         np.testing.assert_array_equal(y, [0.1 + (1 + 1e-12), 1e-50])
 
+
+def test_pattern_values_beyond_the_layers_dtype_are_refused():
+    array = np.zeros((1, 1, 2, 2))
+    array[0, 0, 0, 0], array[0, 0, 1, 1] = 7e4, 1.0  # inf in float16
+    with pytest.raises(ValueError, match="finite values in the layer's dtype float16"):
+        SparseConv2D(2, 1, pattern=array, dtype="float16")
+    layer = SparseConv2D(2, 1, pattern=array, dtype="bfloat16")  # in bfloat16's range
+    layer.build((None, 3, 3, 2))
+    assert np.isfinite(layer.values.numpy().astype(np.float32)).all()
+

@@ -140,6 +140,10 @@ def _message(name, expected, received):
          _message("pattern", "a matrix of shape (input_dim, 4) (units=4)", "pattern of shape (3, 5)")),
         (dict(units=2, pattern=scipy.sparse.csr_matrix(np.array([[np.nan, 1.0]]))),
          _message("pattern", "finite values", "pattern with 1 non-finite values")),
+        # 7e4 is inf in float16 (it was stored as inf, the output inf).
+        (dict(units=2, dtype="float16", pattern=scipy.sparse.csr_matrix(np.array([[7e4, 1.0]]))),
+         _message("pattern", "finite values in the layer's dtype float16",
+                  "1 value(s) beyond its range (the largest: 70000)")),
         (dict(units=2, pattern=np.eye(2)),
          _message("pattern", "a scipy.sparse matrix of shape (input_dim, units)", "pattern of type ndarray")),
         (dict(units=2, density=0.5, pattern=scipy.sparse.eye(2, format="csr")),

@@ -13,6 +13,7 @@ import hashlib
 import zlib
 
 import numpy as np
+import tensorflow as tf
 
 from tfsparse._validation import invalid_value
 from tfsparse.ops import SparsityPattern
@@ -45,6 +46,33 @@ def check_replacement(pattern, shape, nnz):
         raise invalid_value(
             "pattern", f"a pattern of shape {tuple(shape)} with {nnz} nonzeros (the layer's)",
             received=f"pattern of shape {pattern.shape} with {pattern.nnz} nonzeros")
+
+
+def check_values(values, dtype):
+    """Raises ``ValueError`` (naming ``pattern``) unless every one of ``values``
+    is finite and stays finite in the layer's variable ``dtype`` (7e4 is inf
+    in float16).
+
+    Example:
+      >>> check_values(np.array([1.0, 7e4]), "float32")
+      >>> check_values(np.array([1.0, 7e4]), "float16")
+      Traceback (most recent call last):
+      ...
+      ValueError: Received an invalid value for "pattern", expected finite values in the \
+layer's dtype float16. Received: 1 value(s) beyond its range (the largest: 70000)
+    """
+    values = np.asarray(values)
+    if not np.all(np.isfinite(values)):
+        raise invalid_value("pattern", "finite values",
+                            received=f"pattern with {int(np.sum(~np.isfinite(values)))} "
+                                     "non-finite values")
+    cast = tf.cast(values, dtype).numpy().astype(np.float64)
+    beyond = ~np.isfinite(cast)
+    if np.any(beyond):
+        raise invalid_value(
+            "pattern", f"finite values in the layer's dtype {tf.as_dtype(dtype).name}",
+            received=f"{int(beyond.sum())} value(s) beyond its range (the largest: "
+                     f"{np.max(np.abs(values)):g})")
 
 
 def encode(pattern):

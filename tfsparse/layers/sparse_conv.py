@@ -133,9 +133,7 @@ class SparseConv2D(keras.layers.Layer, tfmot.sparsity.keras.PrunableLayer):
             use_values = array.dtype != bool
         if matrix.ndim != 2 or matrix.shape[1] != self.filters or matrix.shape[0] % (kh * kw):
             raise invalid_value("pattern", expected, received=f"pattern of shape {matrix.shape}")
-        if not np.all(np.isfinite(matrix.data)):
-            raise invalid_value("pattern", "finite values",
-                                received="a pattern with non-finite values")
+        _pattern_config.check_values(matrix.data, self.dtype)
         if matrix.count_nonzero() == 0:
             raise invalid_value("pattern", "at least one nonzero", received="an all-zero pattern")
         pattern, values = SparsityPattern.from_scipy(matrix)

@@ -117,12 +117,7 @@ class SparseDense(keras.layers.Layer, tfmot.sparsity.keras.PrunableLayer):
                 f"a matrix of shape (input_dim, {self.units}) (units={self.units})",
                 received=f"pattern of shape {pattern.shape}",
             )
-        data = pattern.tocoo().data
-        if not np.all(np.isfinite(data)):
-            raise invalid_value(
-                "pattern", "finite values",
-                received=f"pattern with {int(np.sum(~np.isfinite(data)))} non-finite values",
-            )
+        _pattern_config.check_values(pattern.tocoo().data, self.dtype)
         if pattern.count_nonzero() == 0:
             raise invalid_value("pattern", "at least one nonzero", received="an all-zero pattern")
         return pattern, None
