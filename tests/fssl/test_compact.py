@@ -341,3 +341,29 @@ def test_a_chain_on_inputs_of_rank_3_is_compacted_as_a_graph():
     x = np.random.default_rng(0).standard_normal((2, 3, 5)).astype(np.float32)
     assert small.output_shape == (None, 3, 2)
     np.testing.assert_allclose(small(x).numpy(), model(x).numpy(), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_half_precision_models_compact_and_report(dtype):
+    # scipy.sparse holds no half types: the kernels are read as float32
+    # (exactly; before, compact and report raised scipy's dtype error).
+    rng = np.random.default_rng(3)
+    model = keras.Sequential([
+        keras.Input((12,)),
+        SparseDense(10, density=0.5, seed=0, activation="relu", dtype=dtype),
+        keras.layers.Dense(8, activation="relu", dtype=dtype),
+        SparseDense(3, density=0.5, seed=1, dtype=dtype)])
+    zero_groups(model, rng)
+    assert model.layers[0].to_scipy().dtype == np.float32
+    small = fssl.compact(model)
+    x = tf.constant(rng.uniform(-1, 1, (6, 12)), dtype)
+    want = model(x).numpy().astype(np.float64)
+    got = small(x).numpy().astype(np.float64)
+    # The same half-precision products, the zero ones dropped and the rest
+    # summed in another order: a few ulps of O(1) values (2**-8 in bfloat16).
+    ulp = 2.0**-10 if dtype == "float16" else 2.0**-7
+    np.testing.assert_allclose(got, want, atol=8 * ulp * max(1, np.abs(want).max()))
+    rows = fssl.report(model, print_fn=None)
+    nonzeros = [model.layers[0].nnz, int(np.count_nonzero(model.layers[1].kernel.numpy())),
+                model.layers[2].nnz]
+    assert [row["nnz_before"] for row in rows[:3]] == nonzeros

@@ -182,4 +182,8 @@ def test_pattern_values_beyond_the_layers_dtype_are_refused():
     layer = SparseConv2D(2, 1, pattern=array, dtype="bfloat16")  # in bfloat16's range
     layer.build((None, 3, 3, 2))
     assert np.isfinite(layer.values.numpy().astype(np.float32)).all()
+    kernel = layer.to_dense()  # through scipy (no half types there) and back
+    assert kernel.dtype.name == "bfloat16"
+    np.testing.assert_array_equal(kernel.astype(np.float64),
+                                  array.astype(layer.values.numpy().dtype).astype(np.float64))
 

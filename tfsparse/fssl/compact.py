@@ -24,6 +24,7 @@ from tfsparse.fssl._layers import is_fully_connected  # noqa: E402
 from tfsparse.fssl._layers import is_library_layer  # noqa: E402
 from tfsparse.fssl.gather_inputs import GatherInputs  # noqa: E402
 from tfsparse.layers import SparseDense  # noqa: E402
+from tfsparse.ops.pattern import scipy_values  # noqa: E402
 
 # A SparseDense whose compacted kernel is at least this dense becomes a Dense
 # layer. Measured by benchmarks/fssl_crossover.py (forward pass, batch 256, on
@@ -121,7 +122,7 @@ def _kernel_and_bias(layer):
     if isinstance(layer, SparseDense):
         kernel = layer.to_scipy().tocsr()
     else:
-        kernel = scipy.sparse.csr_matrix(layer.kernel.numpy())
+        kernel = scipy.sparse.csr_matrix(scipy_values(layer.kernel.numpy()))
     kernel.eliminate_zeros()
     units = kernel.shape[1]
     bias = layer.bias.numpy().astype(np.float64) if layer.use_bias else np.zeros(units)

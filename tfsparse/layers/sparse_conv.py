@@ -266,8 +266,10 @@ class SparseConv2D(keras.layers.Layer, tfmot.sparsity.keras.PrunableLayer):
         self.values.assign(tf.reshape(tf.cast(values, self.values.dtype), [self.nnz]))
 
     def to_dense(self):
-        """The kernel as a dense NumPy array ``(kh, kw, cin, filters)``."""
-        kernel = self.pattern.to_scipy(self.values.numpy()).toarray()
+        """The kernel as a dense NumPy array ``(kh, kw, cin, filters)``, in the
+        values' dtype."""
+        values = self.values.numpy()
+        kernel = self.pattern.to_scipy(values).toarray().astype(values.dtype)
         return kernel.reshape(*self.kernel_size, self.input_channels, self.filters)
 
     def _require_built(self, name):

@@ -313,7 +313,8 @@ class SparseDense(keras.layers.Layer, tfmot.sparsity.keras.PrunableLayer):
         )
 
     def to_scipy(self):
-        """The current kernel as a ``scipy.sparse.csr_matrix`` (input_dim, units)."""
+        """The current kernel as a ``scipy.sparse.csr_matrix`` (input_dim, units);
+        float32 for a float16 or bfloat16 layer (scipy.sparse has no such dtype)."""
         return self.pattern.to_scipy(self.values.numpy())
 
     def _require_built(self, name):

@@ -25,6 +25,20 @@ def _check_shape(shape):
     return tuple(int(e) for e in extents)
 
 
+def scipy_values(values):
+    """``values`` as an array scipy.sparse holds: float16 and bfloat16 (which
+    it does not) as float32, exactly; other dtypes as they are.
+
+    Example:
+      >>> scipy_values(np.ones(2, np.float16)).dtype.name
+      'float32'
+    """
+    values = np.asarray(values)
+    if values.dtype.name in ("float16", "bfloat16"):
+        return values.astype(np.float32)
+    return values
+
+
 class SparsityPattern:
     """The nonzero positions of a kernel ``W`` of shape ``(input_dim, units)``.
 
@@ -147,15 +161,18 @@ class SparsityPattern:
         return cls(rows.ravel(), cols, (input_dim, units))
 
     def to_scipy(self, values=None):
-        """The kernel as a ``scipy.sparse.csr_matrix`` (values 1 if None)."""
+        """The kernel as a ``scipy.sparse.csr_matrix`` (values 1 if None).
+
+        float16 and bfloat16 values, which scipy.sparse does not hold, come
+        out as float32 (exactly).
+        """
         if values is None:
             values = np.ones(self.nnz, np.float32)
         if np.shape(values) != (self.nnz,):
             raise invalid_value("values", f"one value per nonzero, shape ({self.nnz},)",
                                 received=f"values of shape {np.shape(values)}")
-        return scipy.sparse.csr_matrix(
-            (np.asarray(values), (self.rows, self.cols)), shape=self.shape
-        )
+        return scipy.sparse.csr_matrix((scipy_values(values), (self.rows, self.cols)),
+                                       shape=self.shape)
 
     def __eq__(self, other):
         return (
