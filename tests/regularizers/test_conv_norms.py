@@ -127,3 +127,12 @@ def test_conv_groups_on_a_sparse_kernel_are_a_clear_error():
     assert str(info.value) == (
         "Received an invalid value for \"groups\", expected 'rows', 'columns' or 'blocks' for "
         "the kernel of a SparseDense layer. Received: groups=('filters',)")
+
+
+@pytest.mark.parametrize("kind,block_shape", KINDS)
+def test_float16_norms_sum_their_squares_in_float32(kind, block_shape):
+    w = tf.cast(100 * (1 + np.abs(kernel((3, 3, 4, 5), seed=3))), tf.float16)
+    want = reference_norms(tf.cast(w, tf.float64).numpy(), kind, block_shape)
+    got = conv_norms.conv_group_norms(w, kind, block_shape)
+    assert got.dtype == tf.float16  # was inf: sums of squares beyond 65504
+    np.testing.assert_allclose(tf.cast(got, tf.float64).numpy(), want, rtol=2.0**-10)

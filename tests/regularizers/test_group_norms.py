@@ -164,3 +164,22 @@ def test_dense_norms_reject_non_matrix():
     with pytest.raises(ValueError, match=r'expected a 2-D tensor \(input_dim, units\). '
                                          r'Received: kernel with shape \(4,\)'):
         group_norms.dense_group_norms(tf.ones([4]), "rows")
+
+
+@pytest.mark.parametrize("dtype", [tf.float16, tf.bfloat16])
+@pytest.mark.parametrize("groups,block_shape", CASES)
+def test_half_precision_norms_sum_their_squares_in_float32(dtype, groups, block_shape):
+    # Weights of about 100: a group's sum of squares (10^4 per entry) is far
+    # beyond float16's 65504, its norm is not (before: inf in float16).
+    w = tf.cast(100 * np.random.default_rng(5).uniform(0.5, 1, (9, 10)), dtype)
+    want = reference_norms(tf.cast(w, tf.float64).numpy(), groups, block_shape)
+    values, rows, cols = [], [], []
+    for (i, j), value in np.ndenumerate(w.numpy()):
+        values.append(value), rows.append(i), cols.append(j)
+    for got in (group_norms.dense_group_norms(w, groups, block_shape),
+                group_norms.sparse_group_norms(tf.stack(values), rows, cols, (9, 10),
+                                               groups, block_shape)):
+        assert got.dtype == dtype
+        # One rounding to the half type (2**-11 or 2**-8 relative).
+        rtol = 2.0**-10 if dtype == tf.float16 else 2.0**-7
+        np.testing.assert_allclose(tf.cast(got, tf.float64).numpy(), want, rtol=rtol)

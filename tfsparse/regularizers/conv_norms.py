@@ -111,17 +111,18 @@ def conv_group_norms(kernel, groups, block_shape=None):
     """
     kernel = tf.convert_to_tensor(kernel)
     _check(kernel.shape, groups, block_shape)
-    squares = tf.square(kernel)
+    if groups == "blocks":
+        lowered = tf.reshape(kernel, lowered_shape(kernel.shape))
+        return group_norms.dense_group_norms(lowered, "blocks", block_shape)
+    squares = group_norms.wide_squares(kernel)
     rank = kernel.shape.rank
     if groups == "filters":
-        return group_norms.safe_norm(tf.reduce_sum(squares, axis=list(range(rank - 1))))
-    if groups == "channels":
-        axes = list(range(rank - 2)) + [rank - 1]
-        return group_norms.safe_norm(tf.reduce_sum(squares, axis=axes))
-    if groups == "shapes":
-        return group_norms.safe_norm(tf.reshape(tf.reduce_sum(squares, axis=-1), [-1]))
-    lowered = tf.reshape(kernel, lowered_shape(kernel.shape))
-    return group_norms.dense_group_norms(lowered, "blocks", block_shape)
+        summed = tf.reduce_sum(squares, axis=list(range(rank - 1)))
+    elif groups == "channels":
+        summed = tf.reduce_sum(squares, axis=list(range(rank - 2)) + [rank - 1])
+    else:  # "shapes"
+        summed = tf.reshape(tf.reduce_sum(squares, axis=-1), [-1])
+    return group_norms.norms_in(summed, kernel.dtype)
 
 
 def conv_keep_mask(kernel, groups, threshold, block_shape=None):

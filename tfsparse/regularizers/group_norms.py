@@ -112,6 +112,28 @@ def safe_norm(sum_of_squares):
     return tf.where(positive, tf.sqrt(safe), tf.zeros_like(sum_of_squares))
 
 
+def wide_squares(values):
+    """``values ** 2``, in float32 for float16 and bfloat16 ``values``.
+
+    A group's sum of squares leaves float16's range from weights of about
+    256 / sqrt(group size), while its norm stays in it: the sums are made in
+    float32 and the norms (``norms_in``) returned in the values' dtype.
+
+    Example:
+        >>> wide_squares(tf.constant([300.0], tf.float16)).numpy()
+        array([90000.], dtype=float32)
+    """
+    values = tf.convert_to_tensor(values)
+    if values.dtype in (tf.float16, tf.bfloat16):
+        values = tf.cast(values, tf.float32)
+    return tf.square(values)
+
+
+def norms_in(sum_of_squares, dtype):
+    """``safe_norm(sum_of_squares)`` in ``dtype`` (the weights')."""
+    return tf.cast(safe_norm(sum_of_squares), dtype)
+
+
 def sparse_group_norms(values, rows, cols, shape, groups, block_shape=None):
     """The L2 norm of each group of a sparse kernel in COO form.
 
@@ -135,8 +157,8 @@ def sparse_group_norms(values, rows, cols, shape, groups, block_shape=None):
     values = tf.convert_to_tensor(values)
     ids = group_ids(rows, cols, shape, groups, block_shape)
     count = num_groups(shape, groups, block_shape)
-    squares = tf.math.unsorted_segment_sum(tf.square(values), ids, count)
-    return safe_norm(squares)
+    squares = tf.math.unsorted_segment_sum(wide_squares(values), ids, count)
+    return norms_in(squares, values.dtype)
 
 
 def dense_group_norms(kernel, groups, block_shape=None):
@@ -160,17 +182,17 @@ def dense_group_norms(kernel, groups, block_shape=None):
     if kernel.shape.rank != 2:
         raise invalid_value("kernel", "a 2-D tensor (input_dim, units)",
                             received=f"kernel with shape {kernel.shape}")
-    squares = tf.square(kernel)
+    squares = wide_squares(kernel)
     if groups == "rows":
-        return safe_norm(tf.reduce_sum(squares, axis=1))
+        return norms_in(tf.reduce_sum(squares, axis=1), kernel.dtype)
     if groups == "columns":
-        return safe_norm(tf.reduce_sum(squares, axis=0))
+        return norms_in(tf.reduce_sum(squares, axis=0), kernel.dtype)
     bh, bw = block_shape
     n_in, n_out = kernel.shape
     grid_rows, grid_cols = -(-n_in // bh), -(-n_out // bw)
     padded = tf.pad(squares, [[0, grid_rows * bh - n_in], [0, grid_cols * bw - n_out]])
     tiles = tf.reshape(padded, [grid_rows, bh, grid_cols, bw])
-    return safe_norm(tf.reshape(tf.reduce_sum(tiles, axis=[1, 3]), [-1]))
+    return norms_in(tf.reshape(tf.reduce_sum(tiles, axis=[1, 3]), [-1]), kernel.dtype)
 
 
 def group_sparsity(norms, threshold):
