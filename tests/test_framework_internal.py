@@ -205,3 +205,15 @@ def test_framework_internals_are_read_in_one_module_only():
             for path in sources if str(path.relative_to(ROOT)) not in _INTERNAL_FILES
             for line, name in _private_uses(path)]
     assert uses == []
+
+
+def test_nested_inputs_outputs_are_the_structures_the_model_was_built_with():
+    a, b = keras.Input((2,), name="a"), keras.Input((3,), name="b")
+    joined = keras.layers.Concatenate()([a, b])
+    model = keras.Model({"b": b, "a": a}, {"z": keras.layers.Dense(1)(joined), "y": joined})
+    inputs, outputs = _framework_internal.nested_inputs_outputs(model)
+    assert inputs == {"a": a, "b": b}
+    assert outputs["y"] is joined and set(outputs) == {"y", "z"}
+    # Flattened (by sorted key) in model.inputs / model.outputs.
+    assert model.outputs == [outputs["y"], outputs["z"]]
+

@@ -73,6 +73,21 @@ def is_graph_network(model):
     return bool(model._is_graph_network)
 
 
+def nested_inputs_outputs(model):
+    """A graph network's inputs and outputs in the structures it was built
+    with (a dict, a list, one tensor); ``model.inputs`` and ``model.outputs``
+    are their flattened lists.
+
+    Example:
+      >>> from tfsparse._keras import keras
+      >>> x = keras.Input((2,), name="x")
+      >>> model = keras.Model({"x": x}, {"y": keras.layers.Dense(1)(x)})
+      >>> [sorted(structure) for structure in nested_inputs_outputs(model)]
+      [['x'], ['y']]
+    """
+    return model._nested_inputs, model._nested_outputs
+
+
 def count_steps(model, kind, steps):
     """Adds ``steps`` to the model's ``kind`` step counter ("train", "test", "predict").
 

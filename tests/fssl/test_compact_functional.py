@@ -434,3 +434,25 @@ def test_report_does_not_count_positions_it_does_not_know():
     assert rows[-1]["macs_before"] is None
     assert rows[0]["nnz_before"] == 3 * 3 * 3 * 4
     assert fssl.report(cnn(6), print_fn=None)[0]["macs_before"] == 4 * 4 * 108
+
+
+def test_inputs_and_outputs_keep_their_structure():
+    # A dict of outputs came back as a list in sorted-key order, so code
+    # unpacking it as built ("z" first) silently took the other output.
+    image = keras.Input((6, 6, 2), name="image")
+    side = keras.Input((3,), name="side")
+    conv = L.Conv2D(4, 3, activation="relu")(image)
+    pooled = L.GlobalAveragePooling2D()(conv)
+    head = L.Dense(5)(L.Concatenate()([pooled, side]))
+    model = keras.Model({"side": side, "image": image}, {"z": head, "a": pooled})
+    small = fssl.compact(model)
+    rng = np.random.default_rng(0)
+    x = {"image": rng.uniform(size=(2, 6, 6, 2)).astype("float32"),
+         "side": rng.uniform(size=(2, 3)).astype("float32")}
+    want, got = model(x), small(x)
+    assert isinstance(got, dict) and set(got) == {"z", "a"}
+    for key in ("z", "a"):
+        np.testing.assert_allclose(got[key], want[key], atol=1e-5)
+    lists = keras.Model([image, side], [head, pooled])  # a list stays in its order
+    out = fssl.compact(lists)([x["image"], x["side"]])
+    assert [tuple(t.shape) for t in out] == [(2, 5), (2, 4)]

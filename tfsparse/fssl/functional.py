@@ -27,7 +27,9 @@ import warnings
 
 import numpy as np
 import scipy.sparse
+import tensorflow as tf
 
+from tfsparse._framework_internal import nested_inputs_outputs
 from tfsparse._keras import keras
 from tfsparse.fssl import _build
 from tfsparse.fssl import _graph
@@ -157,11 +159,9 @@ def compact_graph(model, dense_threshold):
             "tfsparse.fssl.compact left these layers intact, with every channel around them "
             "kept: " + ", ".join(f"{l.name} ({type(l).__name__})" for l in analysis.opaque),
             stacklevel=3)
-    inputs = [new(t) for t in _graph.as_list(model.inputs)]
-    outputs = [new(t) for t in _graph.as_list(model.outputs)]
-    return keras.Model(inputs if len(inputs) > 1 else inputs[0],
-                       outputs if len(outputs) > 1 else outputs[0],
-                       name=f"{model.name}_compact")
+    # The model's own structures of inputs and outputs (a dict stays a dict).
+    inputs, outputs = tf.nest.map_structure(new, nested_inputs_outputs(model))
+    return keras.Model(inputs, outputs, name=f"{model.name}_compact")
 
 
 def _rebuild(analysis, layer, built, new, dense_threshold):
