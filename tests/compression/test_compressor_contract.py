@@ -186,6 +186,16 @@ def test_config_round_trip_rebuilds_the_same_behaviour(name):
     _assert_same_selections(_selections(compressor, 6, seed=10), _selections(clone, 6, seed=10))
 
 
+@pytest.mark.parametrize("cls,args", [(SIDCo, (0.01,)), (TopK, (0.01,)), (DGC, (0.01,)),
+                                      (RandomK, (0.01,)), (NoCompression, ())])
+def test_a_given_name_survives_config_and_clone(cls, args):
+    compressor = cls(*args, name="mine")
+    for again in (cls.from_config(compressor.get_config()), compressor.clone()):
+        assert again.name == "mine"  # was the class's default name
+        assert again.get_config() == compressor.get_config()
+    assert "name" not in cls(*args).get_config()  # the default stays implicit
+
+
 @pytest.mark.parametrize("name", sorted(ROUND_TRIP))
 def test_checkpoint_carries_the_state_into_a_rebuilt_compressor(name, tmp_path):
     compressor = ROUND_TRIP[name]()

@@ -48,6 +48,7 @@ class Compressor(tf.Module):
     def __init__(self, ratio, name=None):
         super().__init__(name=name)
         self._ratio = _validation.check_fraction("ratio", ratio)
+        self._given_name = name
 
     @property
     def ratio(self):
@@ -109,8 +110,12 @@ class Compressor(tf.Module):
         return target_count(size, self._ratio)
 
     def get_config(self):
-        """Returns the constructor arguments, so `from_config` rebuilds an equal compressor."""
-        return {"ratio": self._ratio}
+        """Returns the constructor arguments, so `from_config` rebuilds an equal
+        compressor (its ``name`` too, when one was given)."""
+        config = {"ratio": self._ratio}
+        if self._given_name is not None:
+            config["name"] = self._given_name
+        return config
 
     @classmethod
     def from_config(cls, config):

@@ -34,4 +34,6 @@ class NoCompression(Compressor):
         return super().decompress(values, indices, size)
 
     def get_config(self):
-        return {}
+        config = super().get_config()
+        del config["ratio"]  # always 1
+        return config
