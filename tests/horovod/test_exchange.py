@@ -104,3 +104,27 @@ def test_slices_from_payload_equals_the_dense_scatter_add():
     np.testing.assert_allclose(tf.convert_to_tensor(slices).numpy().ravel(), expected,
                                rtol=2.5e-7, atol=1e-7)
     assert sorted(slices.indices.numpy().tolist()) == sorted(set((indices // 3).tolist()))
+
+
+@pytest.mark.parametrize("saved_fused", [False, True])
+def test_checkpointed_residuals_restore_into_the_other_buffer_layout(saved_fused, tmp_path):
+    # Fused or not, the residuals are one list in the variables' order in
+    # the checkpoint; restored into the other layout, each finds its variable
+    # (before, only the first buffer's matched: the others restored zeros).
+    def exchange_of(fused):
+        variables = [tf.Variable(tf.zeros(shape)) for shape in ([6], [3, 2], [5])]
+        exchange = CompressedExchange(TopK(0.3), fused=fused)
+        exchange.build(variables)
+        return exchange, variables
+
+    saved, variables = exchange_of(saved_fused)
+    rng = np.random.default_rng(4)
+    gradients = [tf.constant(rng.laplace(size=v.shape).astype(np.float32)) for v in variables]
+    saved.exchange(gradients, variables)
+    want = [saved.residual_of(v).numpy() for v in variables]
+    assert all(np.abs(w).sum() > 0 for w in want)  # every residual holds something
+    path = tf.train.Checkpoint(exchange=saved).write(str(tmp_path / "exchange"))
+    restored, others = exchange_of(not saved_fused)
+    tf.train.Checkpoint(exchange=restored).read(path).expect_partial()
+    for variable, residual in zip(others, want):
+        np.testing.assert_array_equal(restored.residual_of(variable).numpy(), residual)

@@ -101,6 +101,9 @@ class CompressedExchange(tf.Module):
         self.op = check_reduce_op(op)
         self._sparse_as_dense = _validation.check_bool("sparse_as_dense", sparse_as_dense)
         self.feedbacks = []
+        # Every residual again, in the variables' order: checkpoints reach
+        # them by this list whatever the buffers (fused or not).
+        self.residuals = []
         self._groups = self._no_dependency([])
         self._built_keys = self._no_dependency(None)
         with self.name_scope:
@@ -153,9 +156,10 @@ class CompressedExchange(tf.Module):
             for group in groups
         ]
         self._groups.extend(groups)
-        # Extending the tracked list (not replacing it) lets a checkpoint
+        # Extending the tracked lists (not replacing them) lets a checkpoint
         # restored before the first step reach the new residuals now.
         self.feedbacks.extend(feedbacks)
+        self.residuals.extend(self.residual_of(variable) for variable in variables)
 
     def residual_of(self, variable):
         """The error-feedback residual of ``variable`` (None if it has none).
