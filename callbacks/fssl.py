@@ -45,10 +45,12 @@ class FSSL(keras.callbacks.Callback):
     the automatic rule's counters) lives in variables tracked by the model
     (``model.fssl_state``, outside ``model.weights``), so TensorFlow
     checkpoints of the model carry it: ``keras.callbacks.BackupAndRestore``
-    or ``model.save_weights`` / ``load_weights`` with ``fit(initial_epoch=...)``
-    resume the schedule where it stopped (penalty off and masks on after the
-    pruning epoch; a pruning decision the checkpoint missed is taken at the
-    resume). A ``fit`` from epoch 0 starts the schedule again.
+    or ``model.save_weights`` / ``load_weights`` in the TensorFlow format with
+    ``fit(initial_epoch=...)`` resume the schedule where it stopped (penalty
+    off and masks on after the pruning epoch; a pruning decision the
+    checkpoint missed is taken at the resume). ``.h5`` weights files and
+    ``.keras`` files hold only the layers' weights, not this state. A ``fit``
+    from epoch 0 starts the schedule again.
 
     Args:
         threshold: float >= 0, the group norm at or under which a group is removed.
