@@ -229,17 +229,22 @@ class FSSL(keras.callbacks.Callback):
         self._apply_masks = apply_masks
 
 
-class FSSLState(tf.Module):
+class FSSLState(tf.__internal__.tracking.AutoTrackable):
     """The FSSL schedule's state, as variables a model checkpoint carries.
 
     ``masks`` (one 0/1 variable per regularised layer, the shape of its
     kernel variable), ``pruned_epoch`` (-1 before pruning),
     ``processed_epoch`` (the last epoch whose end the schedule handled),
     ``previous_share`` and ``stable_epochs`` (the automatic rule's counters).
+
+    AutoTrackable, not a ``tf.Module``: assigned to a functional model's
+    attribute, a module's variables join ``model.weights`` (so
+    ``get_weights``, ``set_weights`` into a clone, ``count_params``);
+    this is a checkpoint dependency only.
     """
 
     def __init__(self, kernels):
-        super().__init__(name="fssl_state")
+        super().__init__()
         self.masks = [tf.Variable(tf.ones(v.shape, v.dtype), trainable=False,
                                   name=f"mask_{i}") for i, v in enumerate(kernels)]
         self.pruned_epoch = tf.Variable(-1, dtype=tf.int64, trainable=False)

@@ -82,6 +82,7 @@ def cnn_model():
 
 def test_conv_groups_are_pruned_masked_and_compacted():
     model = cnn_model()
+    weights, params = [w.name for w in model.weights], model.count_params()
     x, y = data(seed=2)
     # Adam moves every weight by about its learning rate per step: the tiny
     # groups (36 weights, 4 steps) stay under a norm of 0.05, the others far above.
@@ -98,6 +99,13 @@ def test_conv_groups_are_pruned_masked_and_compacted():
     compacted = fssl.compact(model)  # the Reshape is left intact
     assert compacted.get_layer("conv2").kernel.shape[-2] <= 5
     np.testing.assert_allclose(compacted(x).numpy(), model(x).numpy(), atol=1e-5)
+    # The schedule's state is no weight of the (functional) model: before,
+    # its masks and counters joined model.weights, count_params counted them
+    # and set_weights of a clone refused the longer list.
+    assert [w.name for w in model.weights] == weights and model.count_params() == params
+    clone = keras.models.clone_model(model)
+    clone.set_weights(model.get_weights())
+    np.testing.assert_array_equal(clone(x).numpy(), model(x).numpy())
 
 
 def test_group_lasso_on_a_transposed_convolution_is_refused():
