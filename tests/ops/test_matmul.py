@@ -461,3 +461,15 @@ def test_kept_permuted_patterns_of_eager_calls(variant):
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"idx \(taken in `order`\)"):
         kernels.spmm(narrow, values[0], pattern.cols, pattern.rows, input_dim,
                      order=pattern.row_major_order)
+
+
+def test_a_bias_in_use_kernels_place_is_refused():
+    # sparse_matmul(x, values, pattern, bias) took the bias as use_kernel:
+    # with one unit it was truthy and dropped (4 for 104), silently.
+    pattern = SparsityPattern.from_coo([0, 1], [0, 0], (2, 1))
+    x, values = np.ones((2, 2), "float32"), np.full(2, 2.0, "float32")
+    with pytest.raises(ValueError, match='"use_kernel", expected a bool'):
+        sparse_matmul(x, values, pattern, np.array([100.0], "float32"))
+    got = sparse_matmul(x, values, pattern, bias=np.array([100.0], "float32"))
+    np.testing.assert_array_equal(got.numpy(), [[104.0], [104.0]])
+    assert sparse_matmul(x, values, pattern, np.True_).shape == (2, 1)

@@ -308,3 +308,8 @@ def test_index_tensors_of_any_integer_dtype_are_taken_and_checked(use_kernel):
     with pytest.raises(tf.errors.InvalidArgumentError, match="sddmm: rows must fit in int32"):
         sddmm(X_T, DY_T, tf.constant([2**32], tf.int64), tf.constant([0], tf.int64),
               use_kernel=use_kernel)
+
+
+def test_use_kernel_must_be_a_bool():
+    with pytest.raises(ValueError, match='"use_kernel", expected a bool'):
+        sddmm(np.ones((2, 3), "float32"), np.ones((2, 3), "float32"), [0], [1], use_kernel="yes")

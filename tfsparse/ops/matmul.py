@@ -4,6 +4,7 @@ import functools
 
 import tensorflow as tf
 
+from tfsparse._validation import check_bool
 from tfsparse.ops import _tf_internal
 from tfsparse.ops import kernels
 from tfsparse.ops import tflite
@@ -53,6 +54,8 @@ def sparse_matmul(x, values, pattern, use_kernel=None, bias=None):
       >>> y.shape
       TensorShape([2, 4])
     """
+    if use_kernel is not None:  # a bias passed in its place would be ignored
+        use_kernel = check_bool("use_kernel", use_kernel)
     x = tf.convert_to_tensor(x)
     if x.dtype in (tf.float16, tf.bfloat16):
         # Neither tfsparse's kernels nor TensorFlow's CSR ones take half

@@ -3,6 +3,7 @@
 import numpy as np
 import tensorflow as tf
 
+from tfsparse._validation import check_bool
 from tfsparse._validation import invalid_value
 from tfsparse.ops import _tf_internal
 from tfsparse.ops import kernels
@@ -50,6 +51,8 @@ def sddmm(x_t, dy_t, rows, cols, use_kernel=None):
       >>> out.numpy().tolist()
       [2.0, 2.0]
     """
+    if use_kernel is not None:
+        use_kernel = check_bool("use_kernel", use_kernel)
     x_t = tf.convert_to_tensor(x_t)
     # A list takes x_t's dtype; an array or a tensor must have it (a float64
     # dy_t was rounded to a float32 x_t's dtype).
