@@ -38,6 +38,7 @@ from fssl_mnist import compact_export_and_serve  # noqa: E402
 from fssl_mnist import plot_sparsity  # noqa: E402
 from tfsparse.data import load_mnist_sample  # noqa: E402
 from tfsparse.regularizers import GroupLasso  # noqa: E402
+from tfsparse import _validation as checks  # noqa: E402  (the options' checks)
 
 L = keras.layers
 
@@ -73,6 +74,10 @@ def main(argv=None):
     parser.add_argument("--threshold", type=float, default=0.05, help="group norm threshold")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
+    checks.check_command_line(parser, args, {
+        "epochs": checks.check_positive_int, "prune_epoch": checks.check_positive_int,
+        "l": checks.check_non_negative_float, "threshold": checks.check_non_negative_float,
+        "seed": checks.check_non_negative_int})
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 

@@ -55,6 +55,7 @@ from tfsparse.data import load_mnist  # noqa: E402
 from tfsparse.data import load_mnist_sample  # noqa: E402
 from tfsparse.horovod import DistributedOptimizer  # noqa: E402
 from tfsparse.horovod import MetricAverageCallback  # noqa: E402
+from tfsparse import _validation as checks  # noqa: E402  (the options' checks)
 
 
 def parse_args(argv=None):
@@ -72,7 +73,12 @@ def parse_args(argv=None):
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--plot", default=None, help="PNG of estimation quality and bytes (rank 0)")
     parser.add_argument("--json", default=None, help="write rank 0's results here")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    checks.check_command_line(parser, args, {
+        "ratio": checks.check_fraction, "epochs": checks.check_positive_int,
+        "batch_size": checks.check_positive_int, "learning_rate": checks.check_positive_float,
+        "seed": checks.check_non_negative_int})
+    return args
 
 
 def make_compressor(args):
@@ -145,7 +151,8 @@ def main(argv=None):
                         shuffle=True, verbose=2 if hvd.rank() == 0 else 0, callbacks=callbacks)
     loss, accuracy = model.evaluate(x_test, y_test, verbose=0)
     steps_per_epoch = len(timer.step_times) // args.epochs
-    later = slice(steps_per_epoch, None)  # leave out the first epoch (tracing, warm-up)
+    # Leave out the first epoch (tracing, warm-up); of a single one, its first step.
+    later = slice(steps_per_epoch if args.epochs > 1 else 1, None)
     result = {
         "compressor": repr(compressor),
         "workers": hvd.size(),

@@ -27,6 +27,7 @@ from tfsparse import SparseDense  # noqa: E402
 from tfsparse import keras  # noqa: E402
 from tfsparse.data import load_mnist_sample  # noqa: E402
 from tfsparse.export import to_tflite  # noqa: E402
+from tfsparse import _validation as checks  # noqa: E402  (the options' checks)
 
 
 def build_mlp(hidden_layer, seed):
@@ -93,6 +94,9 @@ def main():
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="out/mnist_sparse")
     args = parser.parse_args()
+    checks.check_command_line(parser, args, {
+        "epochs": checks.check_positive_int, "batch_size": checks.check_positive_int,
+        "density": checks.check_fraction, "seed": checks.check_non_negative_int})
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 

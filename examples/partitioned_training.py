@@ -25,6 +25,7 @@ from tfsparse.layers import SparseDense  # noqa: E402
 from tfsparse.partition import partition_rows  # noqa: E402
 from tfsparse.partition.distributed import collect_weights  # noqa: E402
 from tfsparse.partition.distributed import distribute  # noqa: E402
+from tfsparse import _validation as checks  # noqa: E402  (the options' checks)
 
 
 def main(argv=None):
@@ -33,6 +34,8 @@ def main(argv=None):
     parser.add_argument("--density", type=float, default=0.1)
     parser.add_argument("--save", default="out/partitioned_training/partitioned_mlp.keras")
     args = parser.parse_args(argv)
+    checks.check_command_line(parser, args, {
+        "epochs": checks.check_positive_int, "density": checks.check_fraction})
 
     hvd.init()
     (x_train, y_train), (x_test, y_test) = load_mnist_sample()

@@ -29,6 +29,7 @@ from tfsparse import SparseDense  # noqa: E402
 from tfsparse import keras  # noqa: E402
 from tfsparse.data import load_mnist_sample  # noqa: E402
 from tfsparse.dynamic import erk_densities  # noqa: E402
+from tfsparse import _validation as checks  # noqa: E402  (the options' checks)
 
 WIDTHS = (784, 1024, 1024, 10)
 
@@ -60,7 +61,11 @@ def parse_arguments():
             ("--seed", int, 0, None),
             ("--out", str, "out/rigl_mnist", None)):
         parser.add_argument(flag, type=kind, default=default, choices=choices)
-    return parser.parse_args()
+    args = parser.parse_args()
+    checks.check_command_line(parser, args, {
+        "sparsity": checks.check_open_fraction, "epochs": checks.check_positive_int,
+        "batch_size": checks.check_positive_int, "seed": checks.check_non_negative_int})
+    return args
 
 
 def flat_digits():

@@ -36,6 +36,7 @@ import tensorflow_model_optimization as tfmot  # noqa: E402
 
 import tfsparse  # noqa: E402
 from tfsparse.data import load_mnist_sample  # noqa: E402
+from tfsparse import _validation as checks  # noqa: E402  (the options' checks)
 
 L = keras.layers
 BATCH_SIZE = 64
@@ -140,6 +141,9 @@ def main(argv=None):
     parser.add_argument("--max-density", type=float, default=0.5)
     parser.add_argument("--out", default="out/sparse_resnet")
     args = parser.parse_args(argv)
+    checks.check_command_line(parser, args, {
+        "sparsity": checks.check_open_fraction, "epochs": checks.check_positive_int,
+        "prune_epochs": checks.check_positive_int, "max_density": checks.check_fraction})
     data = load_data()
     (x_train, y_train), (x_test, y_test) = data
     pruned = prune(train_dense(data, args.epochs), data, args.sparsity, args.prune_epochs)

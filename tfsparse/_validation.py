@@ -116,6 +116,54 @@ def check_non_negative_float(name, value):
                     "a finite non-negative float", float)
 
 
+def check_positive_float(name, value):
+    """Returns ``float(value)`` if it is a finite real number > 0, else raises.
+
+    Example:
+      >>> check_positive_float("learning_rate", 1e-3)
+      0.001
+    """
+    return _checked(name, value, _is_real(value) and 0 < value < math.inf,
+                    "a finite positive float", float)
+
+
+def check_open_fraction(name, value):
+    """Returns ``float(value)`` if it is a real number in (0, 1), else raises.
+
+    Example:
+      >>> check_open_fraction("sparsity", 0.9)
+      0.9
+    """
+    return _checked(name, value, _is_real(value) and 0 < value < 1, "a float in (0, 1)",
+                    float)
+
+
+def check_command_line(parser, args, checks):
+    """Checks parsed options; a bad one ends the program with ``parser.error``.
+
+    Args:
+      parser: the ``argparse.ArgumentParser``.
+      args: its parsed namespace.
+      checks: ``{dest: check}``, each ``check(name, value)`` one of this
+        module's ``check_*`` functions (None values are skipped: defaults
+        the program fills in itself).
+
+    Example:
+      >>> import argparse
+      >>> parser = argparse.ArgumentParser()
+      >>> _ = parser.add_argument("--epochs", type=int, default=2)
+      >>> check_command_line(parser, parser.parse_args([]), {"epochs": check_positive_int})
+    """
+    for name, check in checks.items():
+        value = getattr(args, name)
+        if value is None:
+            continue
+        try:
+            check(name, value)
+        except ValueError as error:
+            parser.error(f"--{name.replace('_', '-')}: {error}")
+
+
 def one_of(choices):
     """The expectation "one of" ``choices``, each shown as Python shows it.
 
