@@ -29,6 +29,12 @@ class _CompressedGradientsMixin:
         if passes > 1:
             self._tfsparse_accumulator = GradientAccumulator(
                 passes, average, sparse_as_dense=settings["sparse_as_dense"])
+        if isinstance(self, keras.optimizers.legacy.Optimizer):
+            # The new optimizers track their attributes for checkpoints; a
+            # legacy one does not: the residuals and pass sums would be lost.
+            self._track_trackable(self._tfsparse_exchange, name="_tfsparse_exchange")
+            if passes > 1:
+                self._track_trackable(self._tfsparse_accumulator, name="_tfsparse_accumulator")
 
     @property
     def compression_stats(self):
