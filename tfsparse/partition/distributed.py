@@ -75,9 +75,33 @@ def exchange(owned, plan, name=None):
     send_index = tf.constant(np.concatenate(plan.send).astype(np.int32))
     buffer = tf.transpose(tf.gather(owned, send_index, axis=1))
     splits = tf.constant(plan.send_counts.astype(np.int32))
-    received, received_splits = hvd.alltoall(buffer, splits=splits, name=name)
+    if name is None:
+        received, received_splits = hvd.alltoall(buffer, splits=splits)
+    else:
+        received, received_splits = _named_alltoall(hvd, buffer, splits, name)
     local = tf.concat([owned, tf.transpose(received)], axis=1)
     return local, received_splits
+
+
+def _named_alltoall(hvd, buffer, splits, name):
+    """``hvd.alltoall`` named ``name`` (its gradient, the reverse alltoall,
+    ``name + "_grad"``), whatever the graph's scopes: Horovod pairs the ranks'
+    collectives by name, and names taken from Keras's layer and model names
+    can differ between ranks (so the ranks waited on each other forever)."""
+
+    @tf.custom_gradient
+    def alltoall(buffer):
+        received, received_splits = hvd.alltoall(buffer, splits=splits, name=name,
+                                                 ignore_name_scope=True)
+
+        def gradient(upstream, _):
+            back, _ = hvd.alltoall(upstream, splits=received_splits, name=f"{name}_grad",
+                                   ignore_name_scope=True)
+            return back
+
+        return (received, received_splits), gradient
+
+    return alltoall(buffer)
 
 
 class PartitionedSparseDense(keras.layers.Layer):
@@ -96,12 +120,16 @@ class PartitionedSparseDense(keras.layers.Layer):
         use_bias: whether the layer has a bias.
         exchange_inputs: False to read the local inputs from a full input
             (no communication), True to receive them with ``exchange``.
+        collective_name: the Horovod name of its exchange, the same on
+            every rank (``distribute`` numbers them by layer); None: Horovod
+            names it from the graph, which every rank must then build alike.
     """
 
     def __init__(self, shard, activation=None, use_bias=True,
-                 exchange_inputs=True, **kwargs):
+                 exchange_inputs=True, collective_name=None, **kwargs):
         super().__init__(**kwargs)
         self.shard = shard
+        self.collective_name = collective_name
         self.activation = keras.activations.get(activation)
         self.use_bias = use_bias
         self.exchange_inputs = exchange_inputs
@@ -124,7 +152,7 @@ class PartitionedSparseDense(keras.layers.Layer):
 
     def call(self, inputs):
         if self.exchange_inputs:
-            local, _ = exchange(inputs, self.plan)
+            local, _ = exchange(inputs, self.plan, name=self.collective_name)
         else:
             local = tf.gather(inputs, self.plan.local_inputs, axis=1)
         return shard_outputs(self.shard, local, self.values, self.bias,
@@ -159,7 +187,8 @@ class GatherOutputs(keras.layers.Layer):
 
         @tf.custom_gradient
         def gather(owned):
-            gathered = hvd.allgather(tf.transpose(owned))
+            gathered = hvd.allgather(tf.transpose(owned), name="tfsparse_gather_outputs",
+                                     ignore_name_scope=True)
             full = tf.transpose(tf.gather(gathered, inverse))
 
             def grad(upstream):
@@ -272,6 +301,7 @@ def distribute(model, partition, exchange_inputs=False):
         part = PartitionedSparseDense(
             shard, activation=layer.activation, use_bias=layer.use_bias,
             exchange_inputs=exchange_inputs or index > 0,
+            collective_name=f"tfsparse_partition_exchange_{index}",
             name=f"{layer.name}_partitioned")
         x = part(x)
         values, bias = shard_weights(layer, shard)

@@ -60,6 +60,11 @@ def main(out, method, exchange_inputs, network):
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
     sizes = NETWORKS[network][0]
+    if rank == 0:
+        # A layer only rank 0 makes shifts Keras's automatic names there:
+        # the ranks' layers and models are named differently (Horovod named
+        # their collectives after them, and the ranks waited forever).
+        SparseDense(2, density=0.5)
     model = build_model(network)
     partition = partition_rows(model, size, method) if rank == 0 else None
     partition = hvd.broadcast_object(partition, root_rank=0)
