@@ -80,8 +80,50 @@ class _CompressedGradientsMixin:
         return tf.cond(complete, exchange_and_apply, count_the_pass)
 
     def _exchange_and_apply(self, gradients, variables, args, kwargs):
+        if not isinstance(self, keras.mixed_precision.LossScaleOptimizer):
+            return self._exchange_then_apply(gradients, variables, args, kwargs)
+        # A loss-scaled step whose gradients overflowed on any rank is skipped
+        # by every rank alike: the loss scale optimizer is handed NaN
+        # gradients (it skips the step and lowers its scale), and nothing is
+        # exchanged (the residuals wait). Each rank deciding on its own
+        # gradients made the ranks' scales, steps and collectives drift apart.
+        overflowed = _overflowed_on_any_rank(gradients)
+
+        def skip():
+            nans = [(_nan_like(g), v) for g, v in zip(gradients, variables) if g is not None]
+            applied = super(_CompressedGradientsMixin, self).apply_gradients(
+                nans, *args, **kwargs)
+            with tf.control_dependencies([d for d in tf.nest.flatten(applied) if d is not None]):
+                return tf.identity(self.iterations)
+
+        def exchange():
+            applied = self._exchange_then_apply(gradients, variables, args, kwargs)
+            with tf.control_dependencies([d for d in tf.nest.flatten(applied) if d is not None]):
+                return tf.identity(self.iterations)
+
+        return tf.cond(overflowed, skip, exchange)
+
+    def _exchange_then_apply(self, gradients, variables, args, kwargs):
         combined = self._tfsparse_exchange.exchange(gradients, variables)
         return super().apply_gradients(list(zip(combined, variables)), *args, **kwargs)
+
+
+def _overflowed_on_any_rank(gradients):
+    """A boolean scalar: some gradient holds a NaN or Inf on some rank."""
+    values = [g.values if isinstance(g, tf.IndexedSlices) else g
+              for g in gradients if g is not None]
+    local = tf.constant(0.0)
+    if values:
+        finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(v)) for v in values])
+        local = tf.where(finite, 0.0, 1.0)
+    return hvd.allreduce(local, op=hvd.Sum, name="tfsparse_loss_scale_overflow") > 0
+
+
+def _nan_like(gradient):
+    if isinstance(gradient, tf.IndexedSlices):
+        return tf.IndexedSlices(gradient.values * float("nan"), gradient.indices,
+                                gradient.dense_shape)
+    return tf.fill(tf.shape(gradient), tf.constant(float("nan"), gradient.dtype))
 
 
 def DistributedOptimizer(optimizer, compression=None, *, op=hvd.Average,
@@ -135,6 +177,16 @@ def DistributedOptimizer(optimizer, compression=None, *, op=hvd.Average,
     depends on it (how far depends on the activations, e.g. ReLU maps NaN to
     0 on some CPUs and keeps it on others), so a bad batch may skip them all.
     A skipped variable can still move through the optimizer's state (momentum).
+
+    Mixed precision (``"mixed_float16"``): wrap the loss scale optimizer,
+    ``DistributedOptimizer(keras.mixed_precision.LossScaleOptimizer(opt))``.
+    A step whose gradients hold a NaN or Inf on any rank (one ``hvd.allreduce``
+    of a flag per step) is then skipped by every rank alike: nothing is
+    exchanged (the residuals wait) and the loss scale falls on every rank,
+    as with Horovod's own optimizer. The other nesting,
+    ``LossScaleOptimizer(DistributedOptimizer(opt))``, is not supported (and
+    not detected): there each rank's loss scale optimizer judges its own
+    gradients before the exchange, so the ranks' steps drift apart.
 
     Like Horovod, the result is an instance of a class with the wrapped
     optimizer's name, built from its config, so saved models load without

@@ -1,0 +1,42 @@
+"""Two Horovod ranks under mixed_float16: DistributedOptimizer(LossScaleOptimizer(...)).
+
+Before, each rank decided alone whether its step overflowed: the ranks'
+loss scales and steps drifted apart and their collectives paired gradients
+of different steps until the job died (or, with nonfinite="skip", the
+overflowing gradients became zeros and the scale never fell).
+"""
+
+import os
+
+import numpy as np
+import pytest
+
+from horovod_launcher import run_ranks
+
+SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "loss_scaling.py")
+TIMEOUT_S = 240
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    return run_ranks(SCRIPT, tmp_path_factory.mktemp("loss_scaling"), size=2,
+                     timeout=TIMEOUT_S)
+
+
+@pytest.mark.parametrize("run", ["plain", "none", "topk", "topk_skip"])
+def test_ranks_skip_the_same_steps_and_hold_the_same_weights(ranks, run):
+    first, second = ranks[0][run], ranks[1][run]
+    assert first["scales"] == second["scales"]
+    assert first["scales"][-1] < 32768  # rank 1's overflows lowered both scales
+    for a, b in zip(first["weights"], second["weights"]):
+        np.testing.assert_array_equal(np.array(a), np.array(b))
+        assert np.isfinite(np.array(a)).all()
+
+
+def test_without_compression_equals_horovods_own_loss_scaling(ranks):
+    # hvd.DistributedOptimizer allreduces before the loss scale optimizer
+    # judges the gradients: the same skipped steps, the same updates.
+    got, plain = ranks[0]["none"], ranks[0]["plain"]
+    assert got["scales"] == plain["scales"]
+    for a, b in zip(got["weights"], plain["weights"]):
+        np.testing.assert_allclose(np.array(a), np.array(b), rtol=1e-6, atol=1e-7)
