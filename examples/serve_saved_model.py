@@ -7,7 +7,8 @@ Loads the model with ``tf.saved_model.load``, or a ``.tflite`` file (written
 by ``tfsparse.export.to_tflite``) with ``tf.lite.Interpreter`` (no tfsparse,
 no Keras needed: the exported graphs hold core TensorFlow ops, the TFLite
 file TFLite builtin ops only), predicts the given inputs, and prints the
-predictions.
+predictions. The inputs are rows ``[n, features]`` of the model's width;
+float64 rows (what ``x / 255`` gives in NumPy) are served as float32.
 """
 
 import argparse
@@ -21,16 +22,18 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 
-def predict_saved_model(path, x):
+def predict_saved_model(path, x, check_inputs):
     serve = tf.saved_model.load(path).signatures["serving_default"]
-    (input_name,) = serve.structured_input_signature[1]
+    ((input_name, spec),) = serve.structured_input_signature[1].items()
+    x = check_inputs(x, spec.shape[-1])
     (probabilities,) = serve(**{input_name: tf.constant(x)}).values()
     return probabilities.numpy()
 
 
-def predict_tflite(path, x):
+def predict_tflite(path, x, check_inputs):
     interpreter = tf.lite.Interpreter(model_path=path)
     (inputs,) = interpreter.get_input_details()
+    x = check_inputs(x, int(inputs["shape"][-1]))
     interpreter.resize_tensor_input(inputs["index"], x.shape)
     interpreter.allocate_tensors()
     interpreter.set_tensor(inputs["index"], x)
@@ -45,15 +48,28 @@ def main():
     parser.add_argument("--labels", help=".npy file of the true labels")
     args = parser.parse_args()
     x = np.load(args.inputs)
+    labels = None if args.labels is None else np.load(args.labels)
+    if labels is not None and labels.shape != (len(x),):
+        parser.error(f"--labels: expected one label per input row, shape ({len(x)},); "
+                     f"received shape {labels.shape}")
+
+    def check_inputs(x, width):
+        """The rows as float32, once they are [n, width] and floating-point."""
+        if x.ndim != 2 or (width is not None and x.shape[1] != width):
+            parser.error(f"--inputs: expected rows of the model's {width} features, shape "
+                         f"(n, {width}); received shape {x.shape}")
+        if not np.issubdtype(x.dtype, np.floating):
+            parser.error(f"--inputs: expected floating-point rows; received dtype {x.dtype}")
+        return x.astype(np.float32)
+
     if args.model.endswith(".tflite"):
-        probabilities = predict_tflite(args.model, x)
+        probabilities = predict_tflite(args.model, x, check_inputs)
     else:
-        probabilities = predict_saved_model(args.model, x)
+        probabilities = predict_saved_model(args.model, x, check_inputs)
     predictions = probabilities.argmax(axis=1)
     print(f"served {len(x)} inputs from {args.model} without tfsparse")
     print("predictions:", predictions.tolist())
-    if args.labels:
-        labels = np.load(args.labels)
+    if labels is not None:
         print("labels:     ", labels.tolist())
         print(f"correct: {(predictions == labels).sum()} of {len(labels)}")
 

@@ -32,3 +32,42 @@ def test_a_bad_option_is_an_argparse_error(example, option, value, expected, tmp
     assert f"error: {option}: Received an invalid value for \"{name}\", expected {expected}" \
         in run.stderr
     assert not any(tmp_path.iterdir())  # nothing written
+
+
+def test_serving_checks_its_inputs_and_labels(tmp_path):
+    # Before: rows of the wrong width, a single 1-D row or float64 rows
+    # ended in TensorFlow's or TFLite's errors (out-of-bounds gathers), and
+    # labels of another length in a NumPy broadcast error.
+    import numpy as np
+    import tensorflow as tf
+
+    from tfsparse import SparseDense
+    from tfsparse import keras
+
+    model = keras.Sequential([keras.Input((6,)), SparseDense(3, density=0.5, seed=0,
+                                                             activation="softmax")])
+    tf.saved_model.save(model, str(tmp_path / "model"))
+    rows = np.random.default_rng(0).random((4, 6))  # float64, as x / 255 gives
+    files = {"rows": rows, "narrow": rows[:, :5], "one": rows[0], "labels": np.zeros(3)}
+    for name, array in files.items():
+        np.save(tmp_path / f"{name}.npy", array)
+
+    def serve(*args):
+        env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="3",
+                   CUDA_VISIBLE_DEVICES="")
+        return subprocess.run(
+            [sys.executable, str(ROOT / "examples" / "serve_saved_model.py"),
+             str(tmp_path / "model"), *args], cwd=tmp_path, env=env,
+            capture_output=True, text=True, timeout=120)
+
+    served = serve("--inputs", "rows.npy")
+    assert served.returncode == 0, served.stderr[-2000:]
+    want = model.predict(rows.astype("float32"), verbose=0).argmax(axis=1).tolist()
+    assert f"predictions: {want}" in served.stdout
+    for name, shape in (("narrow", "(4, 5)"), ("one", "(6,)")):
+        run = serve("--inputs", f"{name}.npy")
+        assert run.returncode == 2
+        assert f"--inputs: expected rows of the model's 6 features, shape (n, 6); " \
+            f"received shape {shape}" in run.stderr
+    run = serve("--inputs", "rows.npy", "--labels", "labels.npy")
+    assert run.returncode == 2 and "--labels: expected one label per input row" in run.stderr
