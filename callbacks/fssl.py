@@ -156,6 +156,12 @@ class FSSL(keras.callbacks.Callback):
             logs["fssl/phase"] = 1.0 if trained_without_penalty else 0.0
 
     def on_train_end(self, logs=None):
+        # Keras has just finalized the optimizer: with use_ema=True it wrote
+        # the weights' moving averages, which remember pre-pruning values,
+        # over the weights (the removed groups came back, and compact then
+        # removed nothing).
+        if self._apply_masks is not None:
+            self._apply_masks()
         if self.pruned_epoch is None:
             warnings.warn(
                 "FSSL: training ended before any groups were removed (no epoch met the "

@@ -179,6 +179,24 @@ def test_loss_scaling_is_refused_not_applied_wrongly(mixed_precision):
         'scaling: PipelineStrategy does not scale losses; use the "mixed_bfloat16" policy')
 
 
+@pytest.mark.parametrize("optimizer,expected", [
+    (lambda: keras.optimizers.Adam(global_clipnorm=0.02), "without global_clipnorm"),
+    (lambda: keras.optimizers.legacy.SGD(0.1, global_clipnorm=0.02),
+     "without global_clipnorm"),
+    (lambda: keras.optimizers.SGD(0.1, use_ema=True), "without use_ema"),
+    (lambda: keras.optimizers.Nadam(), "other than the new Nadam"),
+])
+def test_optimizer_settings_the_stages_cannot_honour_are_refused(optimizer, expected):
+    # Before: global_clipnorm clipped each stage by its own norm and the new
+    # Nadam stepped differently (weights 1e-3 to 6e-3 off plain Keras,
+    # silently); use_ema crashed at the end of fit.
+    strategy = PipelineStrategy(devices=["/cpu:0"], num_microbatches=2, schedule="gpipe")
+    with pytest.raises(ValueError, match=f'"optimizer", expected an optimizer {expected}'):
+        pipelined(strategy, optimizer())
+    plain = pipelined(strategy, keras.optimizers.legacy.Nadam())  # trains as without one
+    plain.fit(X, Y, batch_size=8, verbose=0)
+
+
 def test_mixed_bfloat16_gpipe_equals_plain_training(mixed_precision):
     mixed_precision("mixed_bfloat16")
     runs = []

@@ -45,8 +45,10 @@ class PipelineStrategy:
     counts its own updates); ``model.optimizer.iterations`` counts the
     mini-batches. ``"gpipe"`` (and ``"1f1b"``) therefore equal training
     without a pipeline with the gradient accumulated over the micro-batches.
-    Optimizers whose update mixes variables (``global_clipnorm``) see one
-    stage at a time.
+    Settings a stage's copy cannot honour are refused by ``attach``:
+    ``global_clipnorm`` (the model's gradient norm), ``use_ema`` (Keras
+    finalizes the model's own optimizer) and the new ``Nadam`` (its update
+    depends on how many variables one optimizer steps; the legacy one works).
 
     A stage may run on a group of devices: ``devices=[["/gpu:0", "/gpu:1"],
     "/gpu:2"]`` gives stage 0 two. Its consecutive SparseDense layers are
@@ -209,7 +211,9 @@ class PipelineStrategy:
 
         Raises:
           ValueError: for a model that is not compiled, overrides a step,
-            uses loss scaling (``"mixed_float16"``), adds a loss to the
+            uses loss scaling (``"mixed_float16"``), an optimizer with
+            ``global_clipnorm`` or ``use_ema`` or the new ``Nadam`` (the
+            stages' optimizer copies would train differently), adds a loss to the
             model itself, or (when built) is not a chain of at least as
             many layers as there are stages.
         """
@@ -220,6 +224,7 @@ class PipelineStrategy:
             raise invalid("optimizer", 'an optimizer without loss scaling: PipelineStrategy '
                           'does not scale losses; use the "mixed_bfloat16" policy (which '
                           'needs no loss scaling) or float32', model.optimizer)
+        _check_stage_optimizer(model.optimizer)
         Binding(self, model).attach()
         return model
 
@@ -251,6 +256,31 @@ class PipelineStrategy:
             costs = binding.costs(sizes[0])
         return _simulate(self.schedule, costs, self.num_stages, len(sizes),
                          steps, stages=plan, **self.options, **kwargs)
+
+
+def _check_stage_optimizer(optimizer):
+    """Raises ``ValueError`` for optimizer settings the stages' copies cannot honour.
+
+    Every stage updates its variables with its own copy of the optimizer, so
+    a setting that needs all the model's gradients or variables at once
+    would silently differ from training without a pipeline.
+    """
+    if getattr(optimizer, "global_clipnorm", None) is not None:
+        raise invalid("optimizer", "an optimizer without global_clipnorm: each stage's copy "
+                      "would clip by its own gradients' norm, not the model's (clipnorm, "
+                      "per variable, and clipvalue train as without a pipeline)",
+                      f"{type(optimizer).__name__}(global_clipnorm="
+                      f"{optimizer.global_clipnorm})")
+    if getattr(optimizer, "use_ema", False):
+        raise invalid("optimizer", "an optimizer without use_ema: the stages' copies keep "
+                      "the moving averages, and Keras's end of fit finalizes the model's "
+                      "own optimizer, which never stepped", f"{type(optimizer).__name__}"
+                      "(use_ema=True)")
+    if type(optimizer) is keras.optimizers.Nadam:
+        raise invalid("optimizer", "an optimizer other than the new Nadam: its update "
+                      "depends on how many variables one optimizer steps, so the stages' "
+                      "copies train differently (keras.optimizers.legacy.Nadam trains as "
+                      "without a pipeline)", "Nadam")
 
 
 def _horovod_devices(local_devices):
