@@ -21,6 +21,7 @@ from tfsparse._keras import keras
 from tfsparse._validation import invalid_value as invalid
 from tfsparse.distribute import costs as _costs
 from tfsparse.distribute._executor import PipelineExecutor
+from tfsparse.distribute._executor import batch_rows
 from tfsparse.distribute._executor import lent_rows
 from tfsparse.distribute._executor import microbatch_sizes
 from tfsparse.distribute._horovod import SINK
@@ -279,7 +280,7 @@ class Binding:
         # A window's batches of one size run as one schedule; a batch of
         # another size (Keras's smaller last one) as a window of its own,
         # cut into micro-batches that differ by at most one row.
-        for rows, group in itertools.groupby(batches, key=_batch_rows):
+        for rows, group in itertools.groupby(batches, key=lambda batch: batch_rows(batch[0])):
             group = list(group)
             executor = self.executor(rows)
             executor.transport.prepare(self.model, group)
@@ -412,8 +413,3 @@ class Binding:
         if kind not in self._inference_windows:
             self._inference_windows[kind] = tf.function(window, autograph=False)
         return self._inference_windows[kind](batches)
-
-
-def _batch_rows(batch):
-    """The rows of an (x, y, weight) batch."""
-    return int(tf.nest.flatten(batch[0])[0].shape[0])

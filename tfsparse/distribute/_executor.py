@@ -130,8 +130,7 @@ class PipelineExecutor:
     def _split(self, batches):
         micro = []
         for x, y, weight in batches:
-            sizes = microbatch_sizes(int(tf.nest.flatten(x)[0].shape[0]),
-                                     self.num_microbatches)
+            sizes = microbatch_sizes(batch_rows(x), self.num_microbatches)
             if len(sizes) != self.num_microbatches:
                 raise ValueError(f"a batch of {sum(sizes)} rows cannot be cut into "
                                  f"{self.num_microbatches} micro-batches")
@@ -361,7 +360,7 @@ class _WindowState:
         return self._rows(index)
 
     def _rows(self, microbatch):
-        return int(tf.nest.flatten(self.micro[microbatch][0])[0].shape[0])
+        return batch_rows(self.micro[microbatch][0])
 
     def row_weights(self, microbatches):
         """Per micro-batch, its rows over their mean over ``microbatches``.
@@ -405,6 +404,11 @@ class LocalTransport:
 
 def _feature_shape(shape):
     return [int(d) for d in tuple(shape)[1:]]
+
+
+def batch_rows(x):
+    """The static number of rows of a (micro-)batch's inputs ``x``."""
+    return int(tf.nest.flatten(x)[0].shape[0])
 
 
 def microbatch_sizes(rows, num_microbatches):

@@ -68,10 +68,7 @@ class _CompressedGradientsMixin:
 
         def exchange_and_apply():
             applied = self._exchange_and_apply(accumulator.read(gradients), variables, args, kwargs)
-            with tf.control_dependencies([d for d in tf.nest.flatten(applied) if d is not None]):
-                reset = accumulator.reset()
-            with tf.control_dependencies([reset]):
-                return tf.identity(self.iterations)
+            return self._iterations_after(_after(applied, accumulator.reset))
 
         def count_the_pass():
             # As Horovod: passes that apply nothing still advance `iterations`.
@@ -91,21 +88,29 @@ class _CompressedGradientsMixin:
 
         def skip():
             nans = [(_nan_like(g), v) for g, v in zip(gradients, variables) if g is not None]
-            applied = super(_CompressedGradientsMixin, self).apply_gradients(
-                nans, *args, **kwargs)
-            with tf.control_dependencies([d for d in tf.nest.flatten(applied) if d is not None]):
-                return tf.identity(self.iterations)
+            return self._iterations_after(super(_CompressedGradientsMixin, self).apply_gradients(
+                nans, *args, **kwargs))
 
         def exchange():
-            applied = self._exchange_then_apply(gradients, variables, args, kwargs)
-            with tf.control_dependencies([d for d in tf.nest.flatten(applied) if d is not None]):
-                return tf.identity(self.iterations)
+            return self._iterations_after(
+                self._exchange_then_apply(gradients, variables, args, kwargs))
 
         return tf.cond(overflowed, skip, exchange)
+
+    def _iterations_after(self, ops):
+        """``optimizer.iterations`` read after ``ops`` (what an apply returned):
+        the one output of every branch of the conds above."""
+        return _after(ops, lambda: tf.identity(self.iterations))
 
     def _exchange_then_apply(self, gradients, variables, args, kwargs):
         combined = self._tfsparse_exchange.exchange(gradients, variables)
         return super().apply_gradients(list(zip(combined, variables)), *args, **kwargs)
+
+
+def _after(ops, then):
+    """``then()``, its ops made to run after ``ops`` (None entries ignored)."""
+    with tf.control_dependencies([d for d in tf.nest.flatten(ops) if d is not None]):
+        return then()
 
 
 def _overflowed_on_any_rank(gradients):
