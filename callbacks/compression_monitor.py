@@ -3,6 +3,7 @@
 import os
 
 from tfsparse._keras import keras
+from tfsparse._keras import unwrap_loss_scaling
 from tfsparse._validation import check_choice
 from tfsparse._validation import invalid_value
 
@@ -59,7 +60,7 @@ class CompressionMonitor(keras.callbacks.Callback):
         return {key: float(variable.numpy()) for key, variable in self._stats.items()}
 
     def on_train_begin(self, logs=None):
-        optimizer = getattr(self.model, "optimizer", None)
+        optimizer = unwrap_loss_scaling(getattr(self.model, "optimizer", None))
         stats = getattr(optimizer, "compression_stats", None)
         if stats is None:
             raise ValueError(

@@ -45,4 +45,18 @@ _select_keras_2()
 
 import tf_keras as keras  # noqa: E402  (must follow the environment set-up)
 
-__all__ = ["keras"]
+__all__ = ["keras", "unwrap_loss_scaling"]
+
+
+def unwrap_loss_scaling(optimizer):
+    """The optimizer inside any ``LossScaleOptimizer`` around ``optimizer`` (Keras's
+    compile puts one around it when the model's policy is ``mixed_float16``).
+
+    Example:
+        >>> opt = keras.optimizers.SGD()
+        >>> unwrap_loss_scaling(keras.mixed_precision.LossScaleOptimizer(opt)) is opt
+        True
+    """
+    while isinstance(optimizer, keras.mixed_precision.LossScaleOptimizer):
+        optimizer = optimizer.inner_optimizer
+    return optimizer

@@ -1,4 +1,5 @@
-"""Two Horovod ranks under mixed_float16: DistributedOptimizer(LossScaleOptimizer(...)).
+"""Two Horovod ranks under mixed_float16, the loss scale optimizer inside
+DistributedOptimizer or outside it (as Keras's compile wraps it).
 
 Before, each rank decided alone whether its step overflowed: the ranks'
 loss scales and steps drifted apart and their collectives paired gradients
@@ -23,7 +24,8 @@ def ranks(tmp_path_factory):
                      timeout=TIMEOUT_S)
 
 
-@pytest.mark.parametrize("run", ["plain", "none", "topk", "topk_skip"])
+@pytest.mark.parametrize("run", ["plain", "none", "topk", "topk_skip", "outside_none",
+                                 "outside_topk", "outside_legacy", "compile_wrapped"])
 def test_ranks_skip_the_same_steps_and_hold_the_same_weights(ranks, run):
     first, second = ranks[0][run], ranks[1][run]
     assert first["scales"] == second["scales"]
@@ -40,3 +42,24 @@ def test_without_compression_equals_horovods_own_loss_scaling(ranks):
     assert got["scales"] == plain["scales"]
     for a, b in zip(got["weights"], plain["weights"]):
         np.testing.assert_allclose(np.array(a), np.array(b), rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("run", ["outside_none", "compile_wrapped"])
+def test_the_loss_scale_optimizer_outside_skips_the_steps_horovods_own_does(ranks, run):
+    # Before, each rank's outer loss scale optimizer judged its own
+    # gradients: rank 1 skipped its first steps while rank 0 exchanged, and
+    # the job died in a collective.
+    got, plain = ranks[0][run], ranks[0]["plain"]
+    assert got["scales"] == plain["scales"]
+    if run == "outside_none":  # the same exchange as Horovod's (no compression)
+        for a, b in zip(got["weights"], plain["weights"]):
+            np.testing.assert_allclose(np.array(a), np.array(b), rtol=1e-6, atol=1e-7)
+
+
+def test_compile_wraps_the_optimizer_and_the_monitor_finds_its_statistics(ranks):
+    run = ranks[0]["compile_wrapped"]
+    assert run["wrapped_by_compile"]
+    # One exchange per applied step; skipped steps exchange nothing.
+    applied = sum(1 for a, b in zip(run["scales"], [32768.0] + run["scales"]) if a >= b)
+    assert run["exchanges"] == applied
+    assert run["monitor_records"] == applied

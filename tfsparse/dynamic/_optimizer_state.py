@@ -15,17 +15,12 @@ import tensorflow as tf
 
 from tfsparse import _framework_internal
 from tfsparse._keras import keras
-
-
-def _inner(optimizer):
-    while isinstance(optimizer, keras.mixed_precision.LossScaleOptimizer):
-        optimizer = optimizer.inner_optimizer
-    return optimizer
+from tfsparse._keras import unwrap_loss_scaling
 
 
 def slots_of(optimizer, variable):
     """The optimizer's slot variables of ``variable`` (empty before its first step)."""
-    optimizer = _inner(optimizer)
+    optimizer = unwrap_loss_scaling(optimizer)
     if isinstance(optimizer, keras.optimizers.legacy.Optimizer):
         slots = []
         for name in optimizer.get_slot_names():
@@ -48,7 +43,7 @@ def slots_of(optimizer, variable):
 
 def residual_of(optimizer, variable):
     """The error-feedback residual of ``variable``, or None without one."""
-    exchange = getattr(_inner(optimizer), "compression_exchange", None)
+    exchange = getattr(unwrap_loss_scaling(optimizer), "compression_exchange", None)
     return None if exchange is None else exchange.residual_of(variable)
 
 
@@ -59,7 +54,7 @@ def fresh_value(optimizer, variable, state):
     ``initial_accumulator_value`` (Ftrl's update divides by a power of it:
     at 0 a grown weight became NaN).
     """
-    optimizer = _inner(optimizer)
+    optimizer = unwrap_loss_scaling(optimizer)
     if isinstance(optimizer, (keras.optimizers.Adagrad, keras.optimizers.Ftrl)):
         if any(state is slot for slot in _framework_internal.accumulator_slots(optimizer)):
             return float(optimizer.initial_accumulator_value)
@@ -71,7 +66,7 @@ def fresh_value(optimizer, variable, state):
 
 def accumulated_of(optimizer, variable):
     """The sum of ``variable``'s gradients over the passes so far, or None without one."""
-    accumulator = getattr(_inner(optimizer), "gradient_accumulator", None)
+    accumulator = getattr(unwrap_loss_scaling(optimizer), "gradient_accumulator", None)
     return None if accumulator is None else accumulator.sum_of(variable)
 
 
@@ -87,7 +82,7 @@ def check_moves_with_positions(optimizer):
     The check ``position_state`` makes at the first update, made before
     training (``DynamicSparsity.on_train_begin``).
     """
-    inner = _inner(optimizer) if optimizer is not None else None
+    inner = unwrap_loss_scaling(optimizer) if optimizer is not None else None
     if isinstance(inner, _FACTORED):
         raise NotImplementedError(
             f"The optimizer {type(inner).__name__} keeps factored (not per-position) "

@@ -51,7 +51,36 @@ class _CompressedGradientsMixin:
         """The `GradientAccumulator` (None when ``backward_passes_per_step`` is 1)."""
         return self._tfsparse_accumulator
 
+    # A LossScaleOptimizer wrapped around this one (Keras's compile wraps the
+    # optimizer in one when the model's policy is mixed_float16) aggregates
+    # the gradients through it before judging them, then applies them only
+    # where they are finite. Each rank judging its own gradients made some
+    # ranks exchange while others skipped: the job died in a collective. So
+    # called from outside, the aggregation spreads an overflow on any rank
+    # to every rank (all gradients NaN: every rank skips the step and lowers
+    # its scale); the exchange itself happens in apply_gradients, which then
+    # runs on every rank alike. Called from this optimizer's own apply (the
+    # base class aggregates there), it passes through.
+    _tfsparse_applying = False
+
+    def aggregate_gradients(self, grads_and_vars):  # the new Keras optimizers' API
+        grads_and_vars = super().aggregate_gradients(grads_and_vars)
+        return grads_and_vars if self._tfsparse_applying else _overflow_on_any_rank_to_all(
+            grads_and_vars)
+
+    def _aggregate_gradients(self, grads_and_vars):  # the legacy optimizers' API
+        grads_and_vars = super()._aggregate_gradients(grads_and_vars)
+        return grads_and_vars if self._tfsparse_applying else _overflow_on_any_rank_to_all(
+            grads_and_vars)
+
     def apply_gradients(self, grads_and_vars, *args, **kwargs):
+        self._tfsparse_applying = True
+        try:
+            return self._apply_gradients_through_exchange(grads_and_vars, *args, **kwargs)
+        finally:
+            self._tfsparse_applying = False
+
+    def _apply_gradients_through_exchange(self, grads_and_vars, *args, **kwargs):
         grads_and_vars = list(grads_and_vars)
         if not grads_and_vars:
             return super().apply_gradients(grads_and_vars, *args, **kwargs)
@@ -124,6 +153,23 @@ def _overflowed_on_any_rank(gradients):
     return hvd.allreduce(local, op=hvd.Sum, name="tfsparse_loss_scale_overflow") > 0
 
 
+def _overflow_on_any_rank_to_all(grads_and_vars):
+    """``grads_and_vars`` with every gradient NaN where some rank's gradients overflowed."""
+    grads_and_vars = list(grads_and_vars)
+    overflowed = _overflowed_on_any_rank([g for g, _ in grads_and_vars])
+
+    def spread(gradient):
+        if gradient is None:
+            return None
+        nan = _nan_like(gradient)
+        if isinstance(gradient, tf.IndexedSlices):
+            return tf.IndexedSlices(tf.where(overflowed, nan.values, gradient.values),
+                                    gradient.indices, gradient.dense_shape)
+        return tf.where(overflowed, nan, gradient)
+
+    return [(spread(g), v) for g, v in grads_and_vars]
+
+
 def _nan_like(gradient):
     if isinstance(gradient, tf.IndexedSlices):
         return tf.IndexedSlices(gradient.values * float("nan"), gradient.indices,
@@ -189,9 +235,12 @@ def DistributedOptimizer(optimizer, compression=None, *, op=hvd.Average,
     of a flag per step) is then skipped by every rank alike: nothing is
     exchanged (the residuals wait) and the loss scale falls on every rank,
     as with Horovod's own optimizer. The other nesting,
-    ``LossScaleOptimizer(DistributedOptimizer(opt))``, is not supported (and
-    not detected): there each rank's loss scale optimizer judges its own
-    gradients before the exchange, so the ranks' steps drift apart.
+    ``LossScaleOptimizer(DistributedOptimizer(opt))``, which Keras's
+    ``compile`` makes by itself when the model's policy is mixed_float16,
+    works the same way: the loss scale optimizer aggregates the gradients
+    through this one before judging them, and an overflow on any rank makes
+    every rank's gradients NaN there (every rank skips the step); the
+    exchange then runs when the step is applied.
 
     Like Horovod, the result is an instance of a class with the wrapped
     optimizer's name, built from its config, so saved models load without

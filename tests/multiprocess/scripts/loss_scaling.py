@@ -1,8 +1,10 @@
 """Run by tests/multiprocess/test_loss_scaling.py under horovodrun -np 2.
 
-mixed_float16 with DistributedOptimizer(LossScaleOptimizer(Adam)): rank 1's
-targets are about 100 (its float16 gradients overflow at the first steps),
-rank 0's about 1. Each rank writes ``rank<r>.json`` into the folder given.
+mixed_float16 with DistributedOptimizer(LossScaleOptimizer(Adam)), and the
+other nesting, LossScaleOptimizer(DistributedOptimizer(Adam)), written out or
+made by Keras's compile: rank 1's targets are about 100 (its float16
+gradients overflow at the first steps), rank 0's about 1. Each rank writes
+``rank<r>.json`` into the folder given.
 """
 
 import json
@@ -18,9 +20,10 @@ from tfsparse import keras  # noqa: E402
 from tfsparse.compression import NoCompression  # noqa: E402
 from tfsparse.compression import TopK  # noqa: E402
 from tfsparse.horovod import DistributedOptimizer  # noqa: E402
+from callbacks import CompressionMonitor  # noqa: E402
 
 
-def train(optimizer, rank):
+def train(optimizer, rank, monitor=False):
     keras.mixed_precision.set_global_policy("mixed_float16")
     try:
         keras.utils.set_random_seed(5)
@@ -38,10 +41,17 @@ def train(optimizer, rank):
         def on_train_batch_end(self, batch, logs=None):
             scales.append(float(model.optimizer.loss_scale.numpy()))
 
+    extra = [CompressionMonitor(update_freq="batch")] if monitor else []
     model.fit(x, y, epochs=3, batch_size=16, shuffle=False, verbose=0,
-              callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), Scales()])
-    return {"weights": [w.numpy().tolist() for w in model.weights], "scales": scales,
-            "iterations": int(model.optimizer.iterations.numpy())}
+              callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), Scales(), *extra])
+    result = {"weights": [w.numpy().tolist() for w in model.weights], "scales": scales,
+              "iterations": int(model.optimizer.iterations.numpy()),
+              "wrapped_by_compile": model.optimizer is not optimizer}
+    if monitor:
+        stats = model.optimizer.inner_optimizer.compression_stats
+        result["exchanges"] = float(stats["steps"].numpy())
+        result["monitor_records"] = len(extra[0].steps)
+    return result
 
 
 def main(out):
@@ -55,6 +65,15 @@ def main(out):
                                          ("topk_skip", TopK(0.25), "skip")):
         results[name] = train(DistributedOptimizer(lso(keras.optimizers.Adam(1e-2)),
                                                    compression, nonfinite=nonfinite), rank)
+    # The other nesting: the loss scale optimizer outside, as Keras's compile
+    # makes it under mixed_float16 ("compile_wrapped": no explicit one).
+    results["outside_none"] = train(lso(DistributedOptimizer(keras.optimizers.Adam(1e-2))), rank)
+    results["outside_topk"] = train(
+        lso(DistributedOptimizer(keras.optimizers.Adam(1e-2), TopK(0.25))), rank)
+    results["outside_legacy"] = train(
+        lso(DistributedOptimizer(keras.optimizers.legacy.Adam(1e-2), TopK(0.25))), rank)
+    results["compile_wrapped"] = train(
+        DistributedOptimizer(keras.optimizers.Adam(1e-2), TopK(0.25)), rank, monitor=True)
     with open(os.path.join(out, f"rank{rank}.json"), "w") as handle:
         json.dump(results, handle)
 
