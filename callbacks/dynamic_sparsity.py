@@ -15,6 +15,7 @@ from tfsparse.dynamic.update import active_horovod
 from tfsparse.dynamic.update import check_optimizer
 from tfsparse.dynamic.update import horovod_agreement
 from tfsparse.dynamic.update import matrix_shape
+from tfsparse.fssl import _layers as _fssl_layers
 from tfsparse.layers import SparseConv2D
 from tfsparse.layers import SparseDense
 
@@ -133,6 +134,7 @@ class DynamicSparsity(keras.callbacks.Callback):
         self.updates, self.skipped_steps = [], []
         check_optimizer(self.model.optimizer)  # not at the first update, mid-training
         self._layers = self._resolve_layers()
+        _refuse_layers_fssl_pruned(self.model, self._layers)
         self._end = self._end_step()
         self._start = self._due = None
         self._epoch_seconds = 0.0
@@ -196,6 +198,7 @@ class DynamicSparsity(keras.callbacks.Callback):
                 print(f"DynamicSparsity step {step}: skipped (the loss-scaled gradients "
                       "overflowed, and the optimizer skipped the step)")
             return
+        _refuse_layers_fssl_pruned(self.model, self._layers)
         moved = {}
         for index, layer in enumerate(self._layers):
             agree, average = (horovod_agreement(hvd, f"dynamic_sparsity_{index}")
@@ -263,6 +266,24 @@ def _overflowed(optimizer, gradients, hvd):
     if hvd is not None:  # every rank decides alike
         overflowed = hvd.allreduce(overflowed, op=hvd.Sum, name="dynamic_sparsity_overflow")
     return float(overflowed) > 0
+
+
+def _refuse_layers_fssl_pruned(model, layers):
+    """FSSL's masks hold positions of the pattern it pruned: a move would misplace them."""
+    state = getattr(model, "fssl_state", None)
+    if state is None or int(state.pruned_epoch.numpy()) < 0:
+        return
+    moving = {id(layer) for layer in layers}
+    for layer, mask in zip(_fssl_layers.regularized_layers(model), state.masks):
+        if id(layer) in moving and not bool(tf.reduce_all(mask > 0)):
+            raise ValueError(
+                f"DynamicSparsity cannot move the pattern of layer {layer.name!r}: FSSL "
+                "(callbacks.FSSL) removed groups from it at the end of epoch "
+                f"{int(state.pruned_epoch.numpy())}, and its masks hold positions of the "
+                "current pattern (a move would zero other weights and let removed groups "
+                "grow back). End dynamic sparsity before FSSL prunes (DynamicSparsity's "
+                "end_step before FSSL's prune_epoch), or give the two callbacks "
+                "different layers.")
 
 
 def _refuse_distributed(model):

@@ -472,3 +472,39 @@ def test_rigl_skips_the_updates_of_steps_a_loss_scale_optimizer_skipped():
         s for s in range(1, 16) if s not in rigl.skipped_steps]
     for layer in model.layers:
         assert np.isfinite(layer.values.numpy()).all()
+
+
+def _fssl_model():
+    from tfsparse.regularizers import GroupLasso
+
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((16,))
+    hidden = SparseDense(32, density=0.5, seed=1, activation="relu", name="pruned",
+                         kernel_regularizer=GroupLasso(0.3, groups="columns"))(inputs)
+    model = keras.Model(inputs, SparseDense(1, density=0.5, seed=2, name="other")(hidden))
+    model.compile(keras.optimizers.Adam(0.01), "mse")
+    return model
+
+
+@pytest.mark.parametrize("method", ["set", "rigl"])
+def test_moving_a_layer_fssl_pruned_is_refused(method):
+    # FSSL's masks are positions of the pattern it pruned. Before, a later
+    # move kept them in place: they zeroed weights of columns FSSL kept after
+    # every batch (8 of 256 here) and a removed column grew back (norm 0.015).
+    from callbacks import FSSL
+
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((64, 16)).astype("float32"), rng.standard_normal((64, 1)).astype("float32")
+    fssl = FSSL(threshold=0.3, prune_epoch=2)  # prunes after step 8
+    moving = DynamicSparsity(method, update_every=12, decay="constant", end_step=22,
+                             layers=["pruned"])
+    with pytest.raises(ValueError, match=r"cannot move the pattern of layer 'pruned': FSSL"):
+        _fssl_model().fit(x, y, batch_size=16, epochs=6, verbose=0, callbacks=[fssl, moving])
+    assert fssl.pruned_epoch == 1 and moving.updates == []
+    # Moves that end before FSSL prunes, or of another layer, are fine.
+    for layers, end_step in ((["pruned"], 8), (["other"], 22)):
+        moving = DynamicSparsity(method, update_every=4, decay="constant", end_step=end_step,
+                                 layers=layers)
+        _fssl_model().fit(x, y, batch_size=16, epochs=6, verbose=0,
+                          callbacks=[FSSL(threshold=0.3, prune_epoch=2), moving])
+        assert moving.updates
