@@ -74,6 +74,23 @@ def check_positive_int(name, value):
     return _checked(name, value, _is_integer(value) and value >= 1, "a positive integer", int)
 
 
+def check_positive_pair(name, value):
+    """``(a, b)`` of positive ints from an int or a pair of them (as Conv2D's
+    ``kernel_size``, ``strides``, ``dilation_rate``), else raises.
+
+    Example:
+      >>> check_positive_pair("strides", 2)
+      (2, 2)
+    """
+    pair = (value, value) if not isinstance(value, (tuple, list)) else tuple(value)
+    if len(pair) != 2:
+        raise invalid_value(name, "a positive integer or a pair of them", value)
+    try:
+        return tuple(check_positive_int(name, v) for v in pair)
+    except ValueError:
+        raise invalid_value(name, "a positive integer or a pair of them", value) from None
+
+
 def check_non_negative_int(name, value):
     """Returns ``int(value)`` if it is an integer >= 0, else raises.
 

@@ -326,3 +326,14 @@ def test_a_dok_pattern_is_a_scipy_matrix_not_a_config(form):
     conv = SparseConv2D(3, (1, 1), pattern=dok, use_bias=False)
     image = x.reshape(2, 1, 1, 6)
     np.testing.assert_array_equal(conv(image).numpy().reshape(2, 3), x @ kernel)
+
+
+def test_inputs_of_another_width_than_the_built_layer_are_refused():
+    # As Dense: a wider input was multiplied by its first input_dim
+    # columns, silently.
+    layer = SparseDense(5, density=0.5, seed=0)
+    layer(np.ones((2, 7), np.float32))
+    for width in (9, 6):
+        with pytest.raises(ValueError, match=r"expected axis -1 of input shape to have value 7"):
+            layer(np.ones((2, width), np.float32))
+    assert layer(np.ones((2, 3, 7), np.float32)).shape == (2, 3, 5)

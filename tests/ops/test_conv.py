@@ -359,3 +359,47 @@ def test_a_dilated_kernel_past_int32_is_an_error_naming_it(variant):
             tf.ones([1, 4, 4, 2]), tf.zeros([0]), tf.zeros([0], tf.int32),
             tf.zeros([0], tf.int32), tf.zeros([0]), filters=2, kernel_size=[2**20, 3],
             strides=[1, 1], dilations=[2**20, 1], padding="SAME", isa=kernels.isa())
+
+
+def _sparse(kh, kw, cin, filters):
+    pattern, values = SparsityPattern.from_scipy(
+        scipy.sparse.csr_matrix(_kernel(kh, kw, cin, filters).reshape(-1, filters)))
+    return pattern, values.astype(np.float32)
+
+
+@pytest.mark.parametrize("use_kernel", PATHS)
+def test_an_input_of_another_channel_count_is_an_error_naming_x(use_kernel):
+    # Three channels for a two-channel pattern gave two different wrong
+    # answers (the kernels read the pattern's rows as other taps and
+    # channels, the ops its first two channels), up to 4.1 apart.
+    pattern, values = _sparse(3, 3, 2, 4)
+    for channels in (3, 1):
+        x = np.ones((1, 6, 6, channels), np.float32)
+        with pytest.raises(ValueError, match=r'"x", expected \[batch, height, width, cin=2\]'):
+            sparse_conv2d(x, values, pattern, (3, 3), use_kernel=use_kernel)
+    with pytest.raises(ValueError, match=r'"pattern", expected an im2col pattern of kh \* kw'):
+        sparse_conv2d(np.ones((1, 6, 6, 2), np.float32), values, pattern, (2, 2),
+                      use_kernel=use_kernel)
+    convolve = tf.function(
+        lambda x: sparse_conv2d(x, values, pattern, (3, 3), use_kernel=use_kernel),
+        input_signature=[tf.TensorSpec([None, None, None, None], tf.float32)])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="x must have cin = .* = 2 channels"):
+        convolve(tf.ones((1, 6, 6, 3)))
+
+
+@pytest.mark.parametrize("use_kernel", PATHS)
+@pytest.mark.parametrize("padding", ["VALID", "Same", "same"])
+def test_padding_in_any_case_and_int_sizes_equal_dense_conv2d(use_kernel, padding):
+    # tf.nn.conv2d's "VALID" and "SAME": the ops' path took anything but
+    # "valid" for "same" and padded only for "same" (a shape error).
+    pattern, values = _sparse(3, 3, 2, 4)
+    x = np.random.default_rng(1).standard_normal((2, 6, 7, 2)).astype(np.float32)
+    got = sparse_conv2d(x, values, pattern, 3, strides=2, padding=padding, dilation_rate=1,
+                        use_kernel=use_kernel)
+    kernel = pattern.to_scipy(values).toarray().reshape(3, 3, 2, 4)
+    want = tf.nn.conv2d(x.astype(np.float64), kernel.astype(np.float64), 2, padding.upper())
+    np.testing.assert_allclose(got, want, rtol=0, atol=18 * 4 * np.finfo(np.float32).eps)
+    with pytest.raises(ValueError, match=r'"padding", expected one of .valid., .same. \(any case\)'):
+        sparse_conv2d(x, values, pattern, 3, padding="full", use_kernel=use_kernel)
+    with pytest.raises(ValueError, match=r'"strides", expected a positive integer or a pair'):
+        sparse_conv2d(x, values, pattern, 3, strides=(1, 2, 3), use_kernel=use_kernel)

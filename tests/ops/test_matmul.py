@@ -473,3 +473,44 @@ def test_a_bias_in_use_kernels_place_is_refused():
     got = sparse_matmul(x, values, pattern, bias=np.array([100.0], "float32"))
     np.testing.assert_array_equal(got.numpy(), [[104.0], [104.0]])
     assert sparse_matmul(x, values, pattern, np.True_).shape == (2, 1)
+
+
+@pytest.mark.parametrize("use_kernel", PATHS)
+@pytest.mark.parametrize("width", [9, 6])
+def test_an_input_of_another_width_is_an_error_naming_x(use_kernel, width):
+    # A wider x was multiplied by its first input_dim columns, silently.
+    pattern, values = SparsityPattern.from_scipy(_kernel((7, 5), 0.5, seed=3))
+    values = values.astype(np.float32)
+    with pytest.raises(ValueError, match=r'"x", expected \[batch, 7\].*x of shape \(3, %d\)' % width):
+        sparse_matmul(np.ones((3, width), np.float32), values, pattern, use_kernel=use_kernel)
+    with pytest.raises(ValueError, match=r'"x", expected a 2-D tensor'):
+        sparse_matmul(np.ones(7, np.float32), values, pattern, use_kernel=use_kernel)
+    with pytest.raises(ValueError, match=r'"values", expected a 1-D tensor'):
+        sparse_matmul(np.ones((3, 7), np.float32), values[None], pattern, use_kernel=use_kernel)
+    # A width known only when the function runs: checked then.
+    product = tf.function(lambda x: sparse_matmul(x, values, pattern, use_kernel=use_kernel),
+                          input_signature=[tf.TensorSpec([None, None], tf.float32)])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="x must have input_dim=7 columns"):
+        product(tf.ones((3, width)))
+    x = np.random.default_rng(0).standard_normal((3, 7)).astype(np.float32)
+    np.testing.assert_allclose(product(x), x @ pattern.to_scipy(values).toarray(), rtol=1e-6,
+                               atol=1e-6)
+
+
+@pytest.mark.parametrize("use_kernel", PATHS)
+def test_a_pattern_of_int64_tensors_gives_the_int32_product(use_kernel):
+    Pattern = collections.namedtuple("Pattern", "rows cols row_major_order shape")
+    pattern, values = SparsityPattern.from_scipy(_kernel((7, 5), 0.5, seed=3))
+    values = values.astype(np.float32)
+    wide = Pattern(*(tf.constant(a, tf.int64) for a in
+                     (pattern.rows, pattern.cols, pattern.row_major_order)), pattern.shape)
+    x = np.random.default_rng(0).standard_normal((3, 7)).astype(np.float32)
+    with tf.GradientTape() as tape:
+        values_variable = tf.Variable(values)
+        y = sparse_matmul(x, values_variable, wide, use_kernel=use_kernel)
+    np.testing.assert_array_equal(y, sparse_matmul(x, values, pattern, use_kernel=use_kernel))
+    assert tape.gradient(y, values_variable) is not None
+    # An index beyond int32 is refused, not wrapped (2**32 + 1 would wrap to 1).
+    beyond = wide._replace(rows=tf.tensor_scatter_nd_update(wide.rows, [[0]], [2**32 + 1]))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="pattern.rows must fit in int32"):
+        sparse_matmul(x, values, beyond, use_kernel=use_kernel)

@@ -9,6 +9,7 @@ import tensorflow_model_optimization as tfmot
 
 from tfsparse._keras import keras
 from tfsparse._validation import check_choice
+from tfsparse._validation import check_positive_pair
 from tfsparse._validation import check_positive_int
 from tfsparse._validation import invalid_value
 from tfsparse.layers import _initializers
@@ -23,17 +24,6 @@ from tfsparse.ops.conv import sparse_conv2d
 # What for_sparse_kernel needs to scale a variance-scaling initializer with a
 # conv's sparse fans: fan-in nnz / filters, fan-out nnz / cin.
 _Fans = collections.namedtuple("_Fans", ["nnz", "shape"])
-
-
-def _pair(name, value):
-    """``(a, b)`` of positive ints from an int or a pair, as Conv2D's arguments."""
-    pair = (value, value) if not isinstance(value, (tuple, list)) else tuple(value)
-    if len(pair) != 2:
-        raise invalid_value(name, "a positive integer or a pair of them", value)
-    try:
-        return tuple(check_positive_int(name, v) for v in pair)
-    except ValueError:
-        raise invalid_value(name, "a positive integer or a pair of them", value) from None
 
 
 @keras.saving.register_keras_serializable(package="tfsparse")
@@ -87,9 +77,9 @@ class SparseConv2D(keras.layers.Layer, tfmot.sparsity.keras.PrunableLayer):
                  kernel_constraint=None, bias_constraint=None, **kwargs):
         super().__init__(activity_regularizer=activity_regularizer, **kwargs)
         self.filters = check_positive_int("filters", filters)
-        self.kernel_size = _pair("kernel_size", kernel_size)
-        self.strides = _pair("strides", strides)
-        self.dilation_rate = _pair("dilation_rate", dilation_rate)
+        self.kernel_size = check_positive_pair("kernel_size", kernel_size)
+        self.strides = check_positive_pair("strides", strides)
+        self.dilation_rate = check_positive_pair("dilation_rate", dilation_rate)
         self.padding = check_choice("padding", padding, ("valid", "same"))
         self._pattern_matrix, self._pattern_values = self._check_pattern(pattern)
         self.density_setting = density_setting(density, pattern)

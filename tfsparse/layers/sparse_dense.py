@@ -192,6 +192,9 @@ class SparseDense(keras.layers.Layer, tfmot.sparsity.keras.PrunableLayer):
                 trainable=True,
             )
         self.input_dim = input_dim
+        # As Dense: Keras refuses inputs of another width (a wider one was
+        # multiplied by its first input_dim columns, silently).
+        self.input_spec = keras.layers.InputSpec(min_ndim=2, axes={-1: input_dim})
         self.built = True
 
     def _add_pattern_weights(self, pattern):

@@ -2,8 +2,12 @@
 
 import tensorflow as tf
 
+from tfsparse._validation import check_positive_pair
+from tfsparse._validation import invalid_value
+from tfsparse._validation import one_of
 from tfsparse.ops import _tf_internal
 from tfsparse.ops import kernels
+from tfsparse.ops.matmul import checked_last_dim
 from tfsparse.ops.matmul import sparse_matmul
 from tfsparse.ops.sddmm import use_compiled_kernels
 from tfsparse.ops.tflite import in_tflite_compatible_scope
@@ -60,6 +64,13 @@ def _output_size_and_padding(size, kernel, stride, dilation, padding):
     return out, total // 2, total - total // 2
 
 
+def _checked_padding(padding):
+    """``"valid"`` or ``"same"`` from either in any case (``tf.nn.conv2d`` takes "VALID")."""
+    if isinstance(padding, str) and padding.lower() in ("valid", "same"):
+        return padding.lower()
+    raise invalid_value("padding", one_of(("valid", "same")) + " (any case)", padding)
+
+
 def sparse_conv2d(x, values, pattern, kernel_size, strides=(1, 1), padding="valid",
                   dilation_rate=(1, 1), use_kernel=None, bias=None):
     """``conv2d(x, K) (+ bias)`` for a sparse kernel ``K`` of shape ``(kh, kw, cin, filters)``.
@@ -91,12 +102,13 @@ def sparse_conv2d(x, values, pattern, kernel_size, strides=(1, 1), padding="vali
 
     Args:
       x: float tensor ``[batch, height, width, cin]`` (channels last; float16
-        and bfloat16 are computed in float32 and returned in their own dtype).
+        and bfloat16 are computed in float32 and returned in their own dtype;
+        ``cin`` must be ``pattern.shape[0] / (kh * kw)``).
       values: float tensor ``[nnz]``, the nonzeros in pattern order.
       pattern: a ``SparsityPattern`` or any object with ``rows``, ``cols``,
         ``row_major_order`` and ``shape == (kh * kw * cin, filters)``.
-      kernel_size, strides, dilation_rate: pairs of positive ints.
-      padding: ``"valid"`` or ``"same"``, as ``tf.nn.conv2d``.
+      kernel_size, strides, dilation_rate: positive ints or pairs of them.
+      padding: ``"valid"`` or ``"same"`` (any case), as ``tf.nn.conv2d``.
       use_kernel: ``True``/``False`` to force the compiled kernels or
         TensorFlow's ops; ``None`` for ``use_compiled_kernels()`` (under
         XLA, the compiled kernels; ``False`` is then an error).
@@ -127,9 +139,27 @@ def sparse_conv2d(x, values, pattern, kernel_size, strides=(1, 1), padding="vali
                           kernel_size, strides, padding, dilation_rate, use_kernel,
                           None if bias is None else tf.cast(bias, tf.float32))
         return tf.cast(y, x.dtype)
+    kernel_size = check_positive_pair("kernel_size", kernel_size)
+    strides = check_positive_pair("strides", strides)
+    dilation_rate = check_positive_pair("dilation_rate", dilation_rate)
+    padding = _checked_padding(padding)
     kh, kw = kernel_size
     rows_total, filters = (int(s) for s in pattern.shape)
+    if rows_total % (kh * kw):
+        raise invalid_value(
+            "pattern", f"an im2col pattern of kh * kw * cin rows, kernel_size={kernel_size}",
+            received=f"pattern of shape {tuple(pattern.shape)}")
     cin = rows_total // (kh * kw)
+    if x.shape.rank is not None and (x.shape.rank != 4 or x.shape[3] not in (None, cin)):
+        # Another channel count was read with the pattern's rows taken for
+        # other taps and channels (kernels) or its first channels (ops): two
+        # different wrong answers, silently.
+        raise invalid_value(
+            "x", f"[batch, height, width, cin={cin}] (cin = pattern.shape[0] / (kh * kw), "
+            f"pattern.shape={tuple(pattern.shape)}, kernel_size={kernel_size})",
+            received=f"x of shape {x.shape}")
+    x = checked_last_dim(x, cin, "sparse_conv2d: x must have cin = pattern.shape[0] / (kh * kw) "
+                                 f"= {cin} channels")
     if _tf_internal.in_xla_context():
         reason = _why_not_xla(use_kernel)
         if reason is not None:

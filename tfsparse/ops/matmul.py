@@ -5,10 +5,12 @@ import functools
 import tensorflow as tf
 
 from tfsparse._validation import check_bool
+from tfsparse._validation import invalid_value
 from tfsparse.ops import _tf_internal
 from tfsparse.ops import kernels
 from tfsparse.ops import tflite
 from tfsparse.ops._gather_products import segment_sum_product
+from tfsparse.ops.sddmm import int32_indices
 from tfsparse.ops.sddmm import sampled_products
 from tfsparse.ops.sddmm import use_compiled_kernels
 
@@ -28,11 +30,13 @@ def sparse_matmul(x, values, pattern, use_kernel=None, bias=None):
     Args:
       x: float tensor ``[batch, input_dim]`` (float16 and bfloat16, as
         under Keras mixed precision, are computed in float32 and returned
-        in their own dtype).
+        in their own dtype). Another width is a ``ValueError`` (an
+        ``InvalidArgumentError`` where it is known only when the product runs).
       values: float tensor ``[nnz]``, the nonzeros in pattern order.
       pattern: a ``SparsityPattern``, or any object with ``rows``, ``cols``,
         ``row_major_order`` (integer arrays, tensors or variables) and
-        ``shape`` ``(input_dim, units)``, its nonzeros in the order a
+        ``shape`` ``(input_dim, units)`` (int64 indices are taken while
+        they fit in int32), its nonzeros in the order a
         ``SparsityPattern`` keeps: ``cols`` non-decreasing, and
         ``row_major_order`` the permutation that sorts them by row. Another
         order is an ``InvalidArgumentError`` when the product runs.
@@ -70,8 +74,11 @@ def sparse_matmul(x, values, pattern, use_kernel=None, bias=None):
     values = tf.convert_to_tensor(values, dtype=x.dtype)
     if bias is not None:
         bias = tf.convert_to_tensor(bias, dtype=x.dtype)
-    rows = tf.convert_to_tensor(pattern.rows, dtype=tf.int32)
-    cols = tf.convert_to_tensor(pattern.cols, dtype=tf.int32)
+    rows = int32_indices("pattern.rows", pattern.rows, "sparse_matmul")
+    cols = int32_indices("pattern.cols", pattern.cols, "sparse_matmul")
+    _check_shapes(x, values, bias, rows, pattern)
+    x = checked_last_dim(x, int(pattern.shape[0]),
+                         f"sparse_matmul: x must have input_dim={int(pattern.shape[0])} columns")
     if use_kernel is None:
         use_kernel = use_compiled_kernels()
     if use_kernel:
@@ -95,9 +102,41 @@ def sparse_matmul(x, values, pattern, use_kernel=None, bias=None):
     return y
 
 
+def _check_shapes(x, values, bias, rows, pattern):
+    """The static shapes of sparse_matmul's arguments against the pattern's."""
+    input_dim, units = int(pattern.shape[0]), int(pattern.shape[1])
+    if x.shape.rank is not None and x.shape.rank != 2:
+        raise invalid_value("x", f"a 2-D tensor [batch, input_dim={input_dim}]",
+                            received=f"x of shape {x.shape}")
+    if x.shape.rank == 2 and x.shape[1] is not None and x.shape[1] != input_dim:
+        # A wider x was multiplied by its first input_dim columns, silently.
+        raise invalid_value(
+            "x", f"[batch, {input_dim}]: as many columns as the pattern has rows "
+            f"(pattern.shape={tuple(pattern.shape)})", received=f"x of shape {x.shape}")
+    nnz = rows.shape[0] if rows.shape.rank == 1 else None
+    if values.shape.rank is not None and (
+            values.shape.rank != 1 or not values.shape.is_compatible_with([nnz])):
+        raise invalid_value("values", f"a 1-D tensor of the pattern's {nnz} nonzeros",
+                            received=f"values of shape {values.shape}")
+    if bias is not None and bias.shape.rank is not None and (
+            bias.shape.rank != 1 or not bias.shape.is_compatible_with([units])):
+        raise invalid_value("bias", f"a 1-D tensor [units={units}]",
+                            received=f"bias of shape {bias.shape}")
+
+
+def checked_last_dim(x, size, message):
+    """``x``, with a run-time check (``message``) that its last dimension is ``size``
+    where that is not static."""
+    if x.shape.rank is not None and x.shape[-1] is not None:
+        return x
+    with tf.control_dependencies([tf.debugging.assert_equal(tf.shape(x)[-1], size,
+                                                            message=message)]):
+        return tf.identity(x)
+
+
 def _differentiable_product(product, x, values, rows, cols, pattern, bias, use_kernel):
     """``product(x, values, ...)`` with its exact gradients (SpMM and SDDMM)."""
-    order = tf.convert_to_tensor(pattern.row_major_order, dtype=tf.int32)
+    order = int32_indices("pattern.row_major_order", pattern.row_major_order, "sparse_matmul")
     input_dim, units = (int(s) for s in pattern.shape)
 
     def backward(x, values, dy):

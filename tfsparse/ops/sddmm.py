@@ -61,7 +61,7 @@ def sddmm(x_t, dy_t, rows, cols, use_kernel=None):
     if dy_t.dtype != x_t.dtype:
         raise invalid_value("dy_t", f"a tensor of x_t's dtype {x_t.dtype.name}",
                             received=f"dy_t of dtype {dy_t.dtype.name}")
-    rows, cols = _indices("rows", rows), _indices("cols", cols)
+    rows, cols = int32_indices("rows", rows, "sddmm"), int32_indices("cols", cols, "sddmm")
     if x_t.shape.rank != 2 or dy_t.shape.rank != 2:
         raise invalid_value("x_t", "x_t [input_dim, batch] and dy_t [units, batch], both 2-D",
                             received=f"x_t of shape {x_t.shape} and dy_t of shape {dy_t.shape}")
@@ -103,22 +103,27 @@ def sampled_products(x_t, dy_t, rows, cols, use_kernel):
     return tf.reduce_sum(tf.gather(x_t, rows) * tf.gather(dy_t, cols), axis=1)
 
 
-def _indices(name, value):
-    """``value`` as an int32 tensor: integers within int32 (never wrapped nor truncated)."""
+def int32_indices(name, value, op):
+    """``value`` as an int32 tensor: integers within int32 (never wrapped nor truncated).
+
+    ``name`` and ``op`` name the argument and the function in errors.
+    """
     if tf.is_tensor(value):
         if not value.dtype.is_integer:
             raise invalid_value(name, "integer indices", received=f"{name} of dtype "
                                 f"{value.dtype.name}")
         if value.dtype == tf.int32:
-            return value
+            return tf.convert_to_tensor(value)  # a variable read, a tensor itself
         wide = tf.cast(value, tf.int64)  # every integer dtype fits (uint64 above 2**63 wraps
         # to a negative, which the range check below refuses as well)
         info = np.iinfo(np.int32)
         with tf.control_dependencies([tf.debugging.assert_equal(
                 tf.reduce_all((wide >= info.min) & (wide <= info.max)), True,
-                message=f"sddmm: {name} must fit in int32")]):
+                message=f"{op}: {name} must fit in int32")]):
             return tf.cast(wide, tf.int32)
     array = np.asarray(value)
+    if array.dtype == np.int32:
+        return tf.constant(array)
     if array.size and not np.issubdtype(array.dtype, np.integer):
         raise invalid_value(name, "integer indices", received=f"{name} of dtype {array.dtype}")
     if array.size and (array.min() < np.iinfo(np.int32).min
