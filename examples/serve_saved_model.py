@@ -7,8 +7,9 @@ Loads the model with ``tf.saved_model.load``, or a ``.tflite`` file (written
 by ``tfsparse.export.to_tflite``) with ``tf.lite.Interpreter`` (no tfsparse,
 no Keras needed: the exported graphs hold core TensorFlow ops, the TFLite
 file TFLite builtin ops only), predicts the given inputs, and prints the
-predictions. The inputs are rows ``[n, features]`` of the model's width;
-float64 rows (what ``x / 255`` gives in NumPy) are served as float32.
+predictions. The inputs are ``[n, ...]``, n examples of the model's input
+shape (rows of its width for a dense model, images for a convolutional one);
+float64 ones (what ``x / 255`` gives in NumPy) are served as float32.
 """
 
 import argparse
@@ -25,7 +26,7 @@ import tensorflow as tf  # noqa: E402
 def predict_saved_model(path, x, check_inputs):
     serve = tf.saved_model.load(path).signatures["serving_default"]
     ((input_name, spec),) = serve.structured_input_signature[1].items()
-    x = check_inputs(x, spec.shape[-1])
+    x = check_inputs(x, tuple(spec.shape[1:]))
     (probabilities,) = serve(**{input_name: tf.constant(x)}).values()
     return probabilities.numpy()
 
@@ -33,7 +34,7 @@ def predict_saved_model(path, x, check_inputs):
 def predict_tflite(path, x, check_inputs):
     interpreter = tf.lite.Interpreter(model_path=path)
     (inputs,) = interpreter.get_input_details()
-    x = check_inputs(x, int(inputs["shape"][-1]))
+    x = check_inputs(x, tuple(int(d) for d in inputs["shape"][1:]))
     interpreter.resize_tensor_input(inputs["index"], x.shape)
     interpreter.allocate_tensors()
     interpreter.set_tensor(inputs["index"], x)
@@ -47,17 +48,23 @@ def main():
     parser.add_argument("--inputs", required=True, help=".npy file of input rows")
     parser.add_argument("--labels", help=".npy file of the true labels")
     args = parser.parse_args()
+    for option, path in (("model", args.model), ("--inputs", args.inputs),
+                         ("--labels", args.labels)):
+        if path is not None and not os.path.exists(path):
+            parser.error(f"{option}: {path} does not exist")
     x = np.load(args.inputs)
     labels = None if args.labels is None else np.load(args.labels)
     if labels is not None and labels.shape != (len(x),):
         parser.error(f"--labels: expected one label per input row, shape ({len(x)},); "
                      f"received shape {labels.shape}")
 
-    def check_inputs(x, width):
-        """The rows as float32, once they are [n, width] and floating-point."""
-        if x.ndim != 2 or (width is not None and x.shape[1] != width):
-            parser.error(f"--inputs: expected rows of the model's {width} features, shape "
-                         f"(n, {width}); received shape {x.shape}")
+    def check_inputs(x, shape):
+        """The inputs as float32, once they are [n, *shape] (None: any) and floating-point."""
+        if x.ndim != 1 + len(shape) or any(
+                want is not None and got != want for got, want in zip(x.shape[1:], shape)):
+            expected = ", ".join(["n"] + ["any" if d is None else str(d) for d in shape])
+            parser.error(f"--inputs: expected inputs of the model's shape ({expected}); "
+                         f"received shape {x.shape}")
         if not np.issubdtype(x.dtype, np.floating):
             parser.error(f"--inputs: expected floating-point rows; received dtype {x.dtype}")
         return x.astype(np.float32)

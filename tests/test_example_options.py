@@ -67,7 +67,27 @@ def test_serving_checks_its_inputs_and_labels(tmp_path):
     for name, shape in (("narrow", "(4, 5)"), ("one", "(6,)")):
         run = serve("--inputs", f"{name}.npy")
         assert run.returncode == 2
-        assert f"--inputs: expected rows of the model's 6 features, shape (n, 6); " \
+        assert f"--inputs: expected inputs of the model's shape (n, 6); " \
             f"received shape {shape}" in run.stderr
     run = serve("--inputs", "rows.npy", "--labels", "labels.npy")
     assert run.returncode == 2 and "--labels: expected one label per input row" in run.stderr
+    # Missing files: before, tracebacks.
+    run = serve("--inputs", "absent.npy")
+    assert run.returncode == 2 and "--inputs: absent.npy does not exist" in run.stderr
+    # A convolutional model takes images: before, its inputs were checked
+    # as rows of "the model's 1 features".
+    from tfsparse import SparseConv2D
+
+    cnn = keras.Sequential([keras.Input((5, 5, 1)), SparseConv2D(2, 3, density=0.5, seed=0),
+                            keras.layers.Flatten(), SparseDense(3, seed=1, activation="softmax")])
+    tf.saved_model.save(cnn, str(tmp_path / "model"))
+    images = np.random.default_rng(1).random((4, 5, 5, 1))
+    np.save(tmp_path / "images.npy", images)
+    served = serve("--inputs", "images.npy")
+    assert served.returncode == 0, served.stderr[-2000:]
+    want = cnn.predict(images.astype("float32"), verbose=0).argmax(axis=1).tolist()
+    assert f"predictions: {want}" in served.stdout
+    run = serve("--inputs", "rows.npy")
+    assert run.returncode == 2
+    assert "--inputs: expected inputs of the model's shape (n, 5, 5, 1); received shape (4, 6)" \
+        in run.stderr

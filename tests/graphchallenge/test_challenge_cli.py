@@ -76,13 +76,24 @@ def test_inputs_limit_filters_truth(challenge_dir, capsys):
     assert f"truth: {np.sum(truth < 30)} categories; tfsparse == truth: yes" in out
 
 
-def test_inputs_beyond_the_file_are_an_error(challenge_dir):
+def test_inputs_beyond_the_file_are_an_error(challenge_dir, capsys):
     directory, _ = challenge_dir
-    with pytest.raises(SystemExit, match=re.escape(
-            'Received an invalid value for "--inputs", expected at most the 60 inputs of '
-            f"{directory / 'sparse-images-64.tsv'}. Received: --inputs=61")):
-        cli.main(["--data", str(directory), "--neurons", "64", "--layers", "3", "--bias", "-0.3",
-                  "--no-progress", "--inputs", "61"])
+    status = cli.main(["--data", str(directory), "--neurons", "64", "--layers", "3",
+                       "--bias", "-0.3", "--no-progress", "--inputs", "61"])
+    assert status == 2  # a usage error, as argparse's; 1 means categories disagree
+    assert ('error: Received an invalid value for "--inputs", expected at most the 60 inputs of '
+            f"{directory / 'sparse-images-64.tsv'}. Received: --inputs=61") in capsys.readouterr().err
+
+
+def test_missing_challenge_files_are_a_usage_error(challenge_dir, tmp_path, capsys):
+    directory, _ = challenge_dir
+    for data, layers in ((directory, 4), (tmp_path / "absent", 3)):
+        status = cli.main(["--data", str(data), "--neurons", "64", "--layers", str(layers),
+                           "--bias", "-0.3", "--no-progress"])
+        assert status == 2
+        error = capsys.readouterr().err
+        assert error.startswith("python -m tfsparse.graphchallenge: error: ")
+        assert "No challenge weight file found" in error and "Traceback" not in error
 
 
 def test_tiled_inputs_split_and_result_line(capsys):

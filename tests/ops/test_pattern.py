@@ -77,6 +77,11 @@ def test_from_coo_sorts():
     (lambda: SparsityPattern([0], [0], None), '"shape"'),
     (lambda: SparsityPattern([0], [0], (2**32, 1)), "up to 2147483647"),
     (lambda: SparsityPattern.from_coo([0, 1], [0], (3, 3)), '"rows", expected 1-D index arrays'),
+    # from_coo sorts; a repeat it cannot resolve is named, not blamed on the order.
+    (lambda: SparsityPattern.from_coo([2, 0, 2], [1, 1, 1], (3, 3)),
+     '"rows", expected unique (row, col) positions. Received: position (2, 1) more than once'),
+    (lambda: SparsityPattern([1, 0], [0, 0], (3, 3)), "(use SparsityPattern.from_coo to sort). "
+     "Received: unsorted positions"),
     (lambda: SparsityPattern.random((8, 4), 0), '"density", expected a float in (0, 1]'),
     (lambda: SparsityPattern.random((8, 4), 1.5), '"density"'),
     (lambda: SparsityPattern.random((8, 4), float("nan")), '"density"'),

@@ -233,3 +233,14 @@ def test_numpy_scalars_are_accepted():
     part = partition_rows(kernels, np.int64(2), "random", epsilon=np.float32(0.03),
                           seed=np.int64(3))
     assert part.k == 2 and part.epsilon == pytest.approx(0.03)
+
+
+def test_the_deterministic_preset_repeats_its_partition_for_a_seed():
+    # The docstring's promise: other presets refine in parallel and may not.
+    layers = [scipy.sparse.random(40, 40, density=0.1, format="csr", random_state=i)
+              for i in range(3)]
+    runs = [partition_rows(layers, 4, preset="deterministic", seed=3) for _ in range(3)]
+    for run in runs[1:]:
+        assert run.volume == runs[0].volume
+        for a, b in zip(run.owners, runs[0].owners):
+            np.testing.assert_array_equal(a, b)

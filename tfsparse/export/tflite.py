@@ -32,7 +32,10 @@ def to_tflite(model, fully_connected=False):
         sparse kernel gave wrong sums otherwise. Conversion builds each dense
         kernel, which must be under 2 GiB. It tied with the gathers at batch
         1 on 5%-dense layers and was faster everywhere else measured
-        (``python benchmarks/tflite_latency.py``, README "TFLite").
+        (``python benchmarks/tflite_latency.py``, README "TFLite"). The
+        dense kernel's zeros multiply every input, so an ``inf`` or ``NaN``
+        in an input no nonzero reads makes every output of that row ``NaN``
+        (the gathers, and the Keras model, ignore it).
 
     Returns:
       The TFLite model, ``bytes`` (for ``tf.lite.Interpreter(model_content=...)``

@@ -8,7 +8,8 @@ prints the time of each phase (load, convert, infer), the rate of each
 implementation in edges per second (inputs * edges / seconds, median of
 ``--repeats`` runs), their ratio, and one ``RESULT`` line in the challenge's
 fields (neurons, layers, edges, inputs, seconds, edges/s, peak memory).
-Exits with status 1 when categories disagree.
+Exits with status 1 when categories disagree, 2 on a usage error (an
+option out of range, a missing file).
 
 Example:
     python -m tfsparse.graphchallenge --neurons 1024 --layers 120 --inputs 60000
@@ -34,9 +35,12 @@ _INPUTS_HELP = (
 )
 
 
+_PROG = "python -m tfsparse.graphchallenge"
+
+
 def parse_args(argv):
     parser = argparse.ArgumentParser(
-        prog="python -m tfsparse.graphchallenge",
+        prog=_PROG,
         description="Sparse DNN Graph Challenge inference: tfsparse vs a SciPy CSR baseline.",
     )
     parser.add_argument("--neurons", type=int, default=1024, help="neurons per layer (default 1024)")
@@ -114,9 +118,9 @@ def load_problem(args):
         source = f"{images}"
         if args.inputs is not None:
             if args.inputs > features.shape[0]:
-                sys.exit(str(invalid_value(
+                raise invalid_value(
                     "--inputs", f"at most the {features.shape[0]} inputs of {images}",
-                    received=f"--inputs={args.inputs}")))
+                    received=f"--inputs={args.inputs}")
             features = features[:args.inputs]
     else:
         features = gc.mnist_features(neurons, num_inputs=args.inputs or 5000)
@@ -160,7 +164,11 @@ def main(argv=None):
         except RuntimeError as error:  # TensorFlow already started in this process
             sys.exit(f"--threads cannot be applied: {error}")
     start = time.perf_counter()
-    weights, features, truth, network_source, inputs_source = load_problem(args)
+    try:
+        weights, features, truth, network_source, inputs_source = load_problem(args)
+    except (FileNotFoundError, ValueError) as error:  # as argparse reports a usage error
+        print(f"{_PROG}: error: {error}", file=sys.stderr)
+        return 2
     load_seconds = time.perf_counter() - start
     inputs, edges = features.shape[0], gc.count_edges(weights)
     print(f"network: {args.neurons} neurons x {args.layers} layers, {edges:,} edges, {network_source}")

@@ -83,12 +83,17 @@ class SparsityPattern:
                                 received=f"cols in [{cols.min()}, {cols.max()}]")
         key = cols.astype(np.int64) * shape[0] + rows.astype(np.int64)
         if key.size > 1 and not np.all(key[1:] > key[:-1]):
+            repeated = np.flatnonzero(np.diff(np.sort(key)) == 0)
+            if repeated.size:  # from_coo sorts, but cannot choose between repeats
+                k = int(np.sort(key)[repeated[0]])
+                raise invalid_value(
+                    "rows", "unique (row, col) positions",
+                    received=f"position ({k % shape[0]}, {k // shape[0]}) more than once")
             raise invalid_value(
                 "rows",
                 "unique nonzeros sorted by column then row "
                 "(use SparsityPattern.from_coo to sort)",
-                received="unsorted or repeated positions",
-            )
+                received="unsorted positions")
         self.shape = shape
         self.rows = rows.astype(np.int32)
         self.cols = cols.astype(np.int32)
