@@ -57,8 +57,8 @@ def main():
         if getattr(args, option) < 1:
             parser.error(f"--{option.replace('_', '-')} must be at least 1, received "
                          f"{getattr(args, option)}")
-    if args.batch_size % args.microbatches:
-        parser.error(f"--microbatches must divide --batch-size={args.batch_size}, received "
+    if args.microbatches > args.batch_size:  # any other count: micro-batches differ by a row
+        parser.error(f"--microbatches must be at most --batch-size={args.batch_size}, received "
                      f"{args.microbatches}")
     # Before TensorFlow initialises its devices.
     devices = make_devices(args.gpus, args.local_devices if args.horovod else 2)
@@ -100,7 +100,7 @@ def main():
         stages, placement = len(devices), dict(devices=devices)
         print(f"Devices: {devices}")
 
-    rows = args.batch_size // args.microbatches
+    rows = -(-args.batch_size // args.microbatches)  # the largest micro-batch
     costs = profile(build(), x_train[:rows])  # under Horovod, rank 0's are used
     say("Measured seconds per micro-batch (forward, activation gradient, weight gradient):")
     for index, triple in enumerate(costs):

@@ -91,3 +91,15 @@ def test_serving_checks_its_inputs_and_labels(tmp_path):
     assert run.returncode == 2
     assert "--inputs: expected inputs of the model's shape (n, 5, 5, 1); received shape (4, 6)" \
         in run.stderr
+
+
+def test_pipeline_example_takes_any_micro_batch_count_up_to_the_batch(tmp_path):
+    # It required --microbatches to divide --batch-size, which PipelineStrategy
+    # no longer needs (micro-batches then differ by one row).
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="3",
+               CUDA_VISIBLE_DEVICES="")
+    run = subprocess.run([sys.executable, str(ROOT / "examples" / "pipeline_mnist.py"),
+                          "--batch-size", "3", "--microbatches", "4"], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2
+    assert "--microbatches must be at most --batch-size=3, received 4" in run.stderr
