@@ -187,3 +187,19 @@ def test_pattern_values_beyond_the_layers_dtype_are_refused():
     np.testing.assert_array_equal(kernel.astype(np.float64),
                                   array.astype(layer.values.numpy().dtype).astype(np.float64))
 
+
+
+def test_a_group_lasso_on_its_nonzeros_is_refused_naming_the_argument():
+    # Before, it was applied to the vector of nonzeros and failed at the first
+    # call with an error about "the 2-D kernel (input_dim, units)".
+    from tfsparse.regularizers import GroupLasso
+
+    for regularizer in (GroupLasso(0.1, groups="filters"),
+                        GroupLasso(0.1, groups="channels") + keras.regularizers.L2(0.1)):
+        with pytest.raises(ValueError, match=r'"kernel_regularizer", expected a regularizer of '
+                                             r'the nonzeros one by one.*Conv2D'):
+            SparseConv2D(4, 3, density=0.5, kernel_regularizer=regularizer)
+    layer = SparseConv2D(4, 3, density=0.5, seed=0, kernel_regularizer=keras.regularizers.L2(0.5))
+    layer(np.ones((1, 5, 5, 2), np.float32))
+    np.testing.assert_allclose(float(layer.losses[0]),
+                               0.5 * float(np.sum(layer.values.numpy() ** 2)), rtol=1e-6)

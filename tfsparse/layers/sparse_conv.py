@@ -87,6 +87,16 @@ class SparseConv2D(keras.layers.Layer, tfmot.sparsity.keras.PrunableLayer):
         set_kernel_arguments(self, activation, use_bias, kernel_initializer, bias_initializer,
                              kernel_regularizer, bias_regularizer, kernel_constraint,
                              bias_constraint)
+        if hasattr(self.kernel_regularizer, "sparse_penalty"):
+            # It was applied to the vector of nonzeros: an error about "the
+            # 2-D kernel (input_dim, units)" at the first call.
+            raise invalid_value(
+                "kernel_regularizer",
+                "a regularizer of the nonzeros one by one (keras.regularizers.L1, L2, "
+                "L1L2): GroupLasso's filters, channels and shapes are not computed over a "
+                "SparseConv2D's nonzeros yet; regularise a Conv2D with it (callbacks.FSSL, "
+                "tfsparse.fssl.compact), then tfsparse.layers.sparsify the compacted model",
+                self.kernel_regularizer)
         self.input_spec = keras.layers.InputSpec(ndim=4)
         # Set by tfsparse.dynamic (RigL), as SparseDense's: ``probe(layer,
         # inputs, outputs)`` returns the pre-activation outputs, after keeping
