@@ -25,7 +25,7 @@ def ranks(tmp_path_factory):
 
 
 @pytest.mark.parametrize("run", ["plain", "none", "topk", "topk_skip", "outside_none",
-                                 "outside_topk", "outside_legacy", "compile_wrapped"])
+                                 "outside_topk", "outside_legacy", "compile_wrapped", "rigl"])
 def test_ranks_skip_the_same_steps_and_hold_the_same_weights(ranks, run):
     first, second = ranks[0][run], ranks[1][run]
     assert first["scales"] == second["scales"]
@@ -63,3 +63,13 @@ def test_compile_wraps_the_optimizer_and_the_monitor_finds_its_statistics(ranks)
     applied = sum(1 for a, b in zip(run["scales"], [32768.0] + run["scales"]) if a >= b)
     assert run["exchanges"] == applied
     assert run["monitor_records"] == applied
+
+
+def test_rigl_skips_the_updates_of_steps_any_rank_overflowed_on_every_rank(ranks):
+    # Only rank 1's gradients overflow; one allreduce decides for both ranks,
+    # so both skip the same updates and keep one pattern.
+    first, second = ranks[0]["rigl"], ranks[1]["rigl"]
+    assert first["skipped_steps"] and first["skipped_steps"] == second["skipped_steps"]
+    assert first["updates"] and first["updates"] == second["updates"]
+    assert not set(first["skipped_steps"]) & set(first["updates"])
+    assert first["pattern"] == second["pattern"]

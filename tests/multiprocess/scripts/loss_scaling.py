@@ -21,13 +21,17 @@ from tfsparse.compression import NoCompression  # noqa: E402
 from tfsparse.compression import TopK  # noqa: E402
 from tfsparse.horovod import DistributedOptimizer  # noqa: E402
 from callbacks import CompressionMonitor  # noqa: E402
+from callbacks import DynamicSparsity  # noqa: E402
+from tfsparse import SparseDense  # noqa: E402
 
 
-def train(optimizer, rank, monitor=False):
+def train(optimizer, rank, monitor=False, rigl=False):
     keras.mixed_precision.set_global_policy("mixed_float16")
     try:
         keras.utils.set_random_seed(5)
-        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(32, activation="relu"),
+        hidden = (SparseDense(32, density=0.5, seed=1, activation="relu", name="hidden")
+                  if rigl else keras.layers.Dense(32, activation="relu"))
+        model = keras.Sequential([keras.Input((8,)), hidden,
                                   keras.layers.Dense(1, dtype="float32")])
     finally:
         keras.mixed_precision.set_global_policy(None)
@@ -42,11 +46,17 @@ def train(optimizer, rank, monitor=False):
             scales.append(float(model.optimizer.loss_scale.numpy()))
 
     extra = [CompressionMonitor(update_freq="batch")] if monitor else []
+    if rigl:  # updates every 2 steps: the first ones fall on rank 1's overflowing steps
+        extra.append(DynamicSparsity("rigl", update_every=2, drop_fraction=0.3, seed=3))
     model.fit(x, y, epochs=3, batch_size=16, shuffle=False, verbose=0,
               callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), Scales(), *extra])
     result = {"weights": [w.numpy().tolist() for w in model.weights], "scales": scales,
               "iterations": int(model.optimizer.iterations.numpy()),
               "wrapped_by_compile": model.optimizer is not optimizer}
+    if rigl:
+        result["skipped_steps"] = extra[-1].skipped_steps
+        result["updates"] = [update["step"] for update in extra[-1].updates]
+        result["pattern"] = model.get_layer("hidden").pattern_rows.numpy().tolist()
     if monitor:
         stats = model.optimizer.inner_optimizer.compression_stats
         result["exchanges"] = float(stats["steps"].numpy())
@@ -72,6 +82,8 @@ def main(out):
         lso(DistributedOptimizer(keras.optimizers.Adam(1e-2), TopK(0.25))), rank)
     results["outside_legacy"] = train(
         lso(DistributedOptimizer(keras.optimizers.legacy.Adam(1e-2), TopK(0.25))), rank)
+    results["rigl"] = train(DistributedOptimizer(lso(keras.optimizers.Adam(1e-2)), TopK(0.25)),
+                            rank, rigl=True)
     results["compile_wrapped"] = train(
         DistributedOptimizer(keras.optimizers.Adam(1e-2), TopK(0.25)), rank, monitor=True)
     with open(os.path.join(out, f"rank{rank}.json"), "w") as handle:
