@@ -337,3 +337,22 @@ def test_inputs_of_another_width_than_the_built_layer_are_refused():
         with pytest.raises(ValueError, match=r"expected axis -1 of input shape to have value 7"):
             layer(np.ones((2, width), np.float32))
     assert layer(np.ones((2, 3, 7), np.float32)).shape == (2, 3, 5)
+
+
+@pytest.mark.parametrize("make", [
+    lambda constraint: SparseDense(5, density=0.5, kernel_constraint=constraint),
+    lambda constraint: __import__("tfsparse").SparseConv2D(4, 3, density=0.5,
+                                                           kernel_constraint=constraint),
+])
+def test_norm_constraints_over_kernel_axes_are_refused(make):
+    # Applied to the vector of nonzeros, MaxNorm(1) scaled all of them by one
+    # norm (column norms 0.26-0.73 where Dense's are 0.66-1), silently; a
+    # conv's axes failed inside the optimizer.
+    for constraint in (keras.constraints.MaxNorm(1), keras.constraints.UnitNorm(),
+                       keras.constraints.MinMaxNorm(0.5, 1.0), "max_norm",
+                       keras.constraints.MaxNorm(1, axis=[0, 1, 2])):
+        with pytest.raises(ValueError, match=r'"kernel_constraint", expected a constraint of '
+                                             r'the nonzeros one by one'):
+            make(constraint)
+    layer = make(keras.constraints.NonNeg())  # elementwise: as on a dense kernel
+    assert isinstance(layer.kernel_constraint, keras.constraints.NonNeg)

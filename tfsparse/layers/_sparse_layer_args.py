@@ -46,6 +46,10 @@ def pattern_seed(seed):
     return check_non_negative_int("seed", seed)
 
 
+_AXIS_CONSTRAINTS = (keras.constraints.MaxNorm, keras.constraints.MinMaxNorm,
+                     keras.constraints.UnitNorm, keras.constraints.RadialConstraint)
+
+
 def set_kernel_arguments(layer, activation, use_bias, kernel_initializer, bias_initializer,
                          kernel_regularizer, bias_regularizer, kernel_constraint,
                          bias_constraint):
@@ -66,4 +70,15 @@ def set_kernel_arguments(layer, activation, use_bias, kernel_initializer, bias_i
     layer.kernel_regularizer = keras.regularizers.get(kernel_regularizer)
     layer.bias_regularizer = keras.regularizers.get(bias_regularizer)
     layer.kernel_constraint = keras.constraints.get(kernel_constraint)
+    if isinstance(layer.kernel_constraint, _AXIS_CONSTRAINTS):
+        # Applied to the vector of nonzeros, a norm over axes became one norm
+        # over all of them (MaxNorm(1): column norms 0.26-0.73 where Dense's
+        # are 0.66-1), or failed inside the optimizer for a conv's axes.
+        raise invalid_value(
+            "kernel_constraint",
+            "a constraint of the nonzeros one by one (keras.constraints.NonNeg, or a "
+            "callable on the vector of nonzeros): norm constraints over kernel axes "
+            "(MaxNorm, MinMaxNorm, UnitNorm, RadialConstraint) are not computed over a "
+            "sparse kernel's nonzeros",
+            layer.kernel_constraint)
     layer.bias_constraint = keras.constraints.get(bias_constraint)

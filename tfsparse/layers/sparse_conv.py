@@ -59,7 +59,8 @@ class SparseConv2D(keras.layers.Layer, tfmot.sparsity.keras.PrunableLayer):
       activation, use_bias, kernel_initializer, bias_initializer,
       kernel_regularizer, bias_regularizer, activity_regularizer,
       kernel_constraint, bias_constraint: as in ``keras.layers.Conv2D``; the
-      kernel ones apply to ``values`` (variance-scaling initializers use the
+      kernel ones apply to ``values`` (so norm constraints over kernel axes
+      and a ``GroupLasso`` are refused; variance-scaling initializers use the
       sparse fans).
 
     Example:
