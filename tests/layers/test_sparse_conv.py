@@ -203,3 +203,17 @@ def test_a_group_lasso_on_its_nonzeros_is_refused_naming_the_argument():
     layer(np.ones((1, 5, 5, 2), np.float32))
     np.testing.assert_allclose(float(layer.losses[0]),
                                0.5 * float(np.sum(layer.values.numpy() ** 2)), rtol=1e-6)
+
+
+def test_a_kernel_larger_than_the_input_is_refused_as_conv2d_does():
+    # It returned an empty output, so a model of it, Flatten and Dense
+    # answered the Dense bias alone.
+    with pytest.raises(ValueError, match=r"One of the dimensions in the output of SparseConv2D "
+                                         r"is <= 0"):
+        keras.Sequential([keras.Input((3, 3, 2)), SparseConv2D(4, 5, density=0.5)])
+    layer = SparseConv2D(4, 3, density=0.5, dilation_rate=2)
+    layer(np.ones((1, 5, 5, 2), np.float32))
+    with pytest.raises(ValueError, match="is <= 0"):
+        layer(np.ones((1, 4, 4, 2), np.float32))
+    assert SparseConv2D(4, 5, density=0.5, padding="same")(
+        np.ones((1, 3, 3, 2), np.float32)).shape == (1, 3, 3, 4)

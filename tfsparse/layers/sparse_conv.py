@@ -146,6 +146,7 @@ class SparseConv2D(keras.layers.Layer, tfmot.sparsity.keras.PrunableLayer):
             raise invalid_value(
                 "inputs", "inputs of shape (batch, height, width, channels) with known channels",
                 received=f"inputs of shape {input_shape}")
+        self.compute_output_shape(input_shape)  # an empty output is an error, as Conv2D's
         kh, kw = self.kernel_size
         cin = int(input_shape[-1])
         shape = (kh * kw * cin, self.filters)
@@ -193,10 +194,11 @@ class SparseConv2D(keras.layers.Layer, tfmot.sparsity.keras.PrunableLayer):
         inputs = tf.convert_to_tensor(inputs)
         if inputs.dtype != self.compute_dtype:
             inputs = tf.cast(inputs, self.compute_dtype)
+        output_shape = self.compute_output_shape(inputs.shape)
         outputs = sparse_conv2d(
             inputs, self.values, self._pattern(), self.kernel_size, self.strides,
             self.padding, self.dilation_rate, bias=self.bias)
-        outputs.set_shape(self.compute_output_shape(inputs.shape))
+        outputs.set_shape(output_shape)
         if self._gradient_probe is not None:  # tfsparse.dynamic's RigL gradient
             outputs = self._gradient_probe(self, inputs, outputs)
         return outputs if self.activation is None else self.activation(outputs)
@@ -211,7 +213,14 @@ class SparseConv2D(keras.layers.Layer, tfmot.sparsity.keras.PrunableLayer):
             elif self.padding == "same":
                 sizes.append(-(-size // s))
             else:
-                sizes.append(max((size - (k - 1) * d - 1) // s + 1, 0))
+                sizes.append((size - (k - 1) * d - 1) // s + 1)
+        if any(size is not None and size <= 0 for size in sizes):
+            # As Conv2D: an empty output made a model that answered its bias alone.
+            raise ValueError(
+                "One of the dimensions in the output of SparseConv2D is <= 0: its (dilated) "
+                f"kernel {self.kernel_size} (dilation_rate {self.dilation_rate}) is larger "
+                f"than the input with padding='valid'. Received input shape {input_shape}; "
+                "use a larger input or padding='same'.")
         return tf.TensorShape([input_shape[0], *sizes, self.filters])
 
     @property
