@@ -356,3 +356,21 @@ def test_norm_constraints_over_kernel_axes_are_refused(make):
             make(constraint)
     layer = make(keras.constraints.NonNeg())  # elementwise: as on a dense kernel
     assert isinstance(layer.kernel_constraint, keras.constraints.NonNeg)
+
+
+def test_sparse_and_ragged_inputs_are_taken_as_dense_takes_them():
+    # Before: "Attempt to convert a value (SparseTensor(...)) with an
+    # unsupported type" and "object of type 'RaggedTensor' has no len()".
+    layer = SparseDense(5, density=0.5, seed=0)
+    x = np.random.default_rng(0).standard_normal((3, 7)).astype(np.float32)
+    x[x < 0.3] = 0
+    layer(x)  # built
+    want = x.astype(np.float64) @ layer.to_scipy().toarray() + layer.bias.numpy()
+    np.testing.assert_allclose(layer(tf.sparse.from_dense(x)), want, rtol=1e-6, atol=1e-6)
+    ragged = tf.RaggedTensor.from_row_lengths(x, [1, 2])
+    got = layer(ragged)
+    assert isinstance(got, tf.RaggedTensor) and got.shape.as_list() == [2, None, 5]
+    np.testing.assert_allclose(got.flat_values, want, rtol=1e-6, atol=1e-6)
+    inputs = keras.Input((7,), sparse=True)
+    model = keras.Model(inputs, layer(inputs))
+    np.testing.assert_allclose(model(tf.sparse.from_dense(x)), want, rtol=1e-6, atol=1e-6)

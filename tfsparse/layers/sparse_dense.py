@@ -38,7 +38,8 @@ class SparseDense(keras.layers.Layer, tfmot.sparsity.keras.PrunableLayer):
     checkpoints, ``model.save`` and SavedModels carry it. Forward and backward
     passes cost time and memory proportional to ``nnz``. As ``Dense``, it
     acts on the last axis: inputs ``(batch, ..., input_dim)`` give outputs
-    ``(batch, ..., units)``.
+    ``(batch, ..., units)``; a ``tf.SparseTensor`` input is made dense first
+    (the same product) and a ``tf.RaggedTensor`` one maps over its flat values.
 
     Args:
       units: positive int, output dimension.
@@ -261,6 +262,11 @@ class SparseDense(keras.layers.Layer, tfmot.sparsity.keras.PrunableLayer):
             return regularizer(self.values)
 
     def call(self, inputs):
+        if isinstance(inputs, tf.RaggedTensor):  # as Dense: the rows of its flat values
+            return tf.ragged.map_flat_values(self.call, inputs)
+        if isinstance(inputs, tf.SparseTensor):
+            # As Dense takes one (the same product); the kernel reads dense rows.
+            inputs = tf.sparse.to_dense(inputs)
         inputs = tf.convert_to_tensor(inputs)
         if inputs.shape.rank is None or inputs.shape.rank < 2:
             raise invalid_value(
