@@ -403,3 +403,18 @@ def test_padding_in_any_case_and_int_sizes_equal_dense_conv2d(use_kernel, paddin
         sparse_conv2d(x, values, pattern, 3, padding="full", use_kernel=use_kernel)
     with pytest.raises(ValueError, match=r'"strides", expected a positive integer or a pair'):
         sparse_conv2d(x, values, pattern, 3, strides=(1, 2, 3), use_kernel=use_kernel)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_a_gradient_of_the_convolutions_gradient_is_a_clear_error(variant):
+    pattern, values = _sparse(3, 3, 2, 4)
+    weights = tf.Variable(values)
+    x = tf.constant(np.ones((1, 5, 5, 2), np.float32))
+    with tf.GradientTape() as outer:
+        with tf.GradientTape() as inner:
+            inner.watch(x)
+            loss = tf.reduce_sum(sparse_conv2d(x, weights, pattern, 3, use_kernel=True) ** 2)
+        penalty = tf.reduce_sum(inner.gradient(loss, x) ** 2)
+    with pytest.raises(LookupError, match="a gradient of the convolution's gradient .* is not "
+                                          "supported yet"):
+        outer.gradient(penalty, weights)

@@ -514,3 +514,39 @@ def test_a_pattern_of_int64_tensors_gives_the_int32_product(use_kernel):
     beyond = wide._replace(rows=tf.tensor_scatter_nd_update(wide.rows, [[0]], [2**32 + 1]))
     with pytest.raises(tf.errors.InvalidArgumentError, match="pattern.rows must fit in int32"):
         sparse_matmul(x, values, beyond, use_kernel=use_kernel)
+
+
+@pytest.mark.parametrize("use_kernel", PATHS)
+def test_gradients_of_gradients_equal_the_dense_products(use_kernel):
+    # A gradient penalty (d/dvalues of |dL/dx|^2) and the Hessian of the
+    # loss in the values differentiate the backward ops themselves: before,
+    # "gradient registry has no entry for: TfsparseSpmm".
+    pattern, values = SparsityPattern.from_scipy(_kernel((8, 5), 0.5, seed=3))
+    rows, cols = pattern.rows, pattern.cols
+    x = tf.constant(np.random.default_rng(1).standard_normal((4, 8)), tf.float64)
+
+    def penalty_and_hessian(product, weights):
+        with tf.GradientTape() as outer:
+            with tf.GradientTape() as inner:
+                inner.watch(x)
+                loss = tf.reduce_sum(tf.tanh(product(x)) ** 2)
+            penalty = tf.reduce_sum(inner.gradient(loss, x) ** 2)
+        with tf.GradientTape() as outer_h:
+            with tf.GradientTape() as inner_h:
+                loss = tf.reduce_sum(tf.tanh(product(x)) ** 2)
+            gradient = inner_h.gradient(loss, weights)
+        return outer.gradient(penalty, weights), outer_h.jacobian(gradient, weights)
+
+    sparse_values = tf.Variable(values.astype(np.float32))
+    got_penalty, got_hessian = penalty_and_hessian(
+        lambda x: sparse_matmul(tf.cast(x, tf.float32), sparse_values, pattern,
+                                use_kernel=use_kernel), sparse_values)
+    kernel = tf.Variable(pattern.to_scipy(values).toarray())
+    want_penalty, want_hessian = penalty_and_hessian(lambda x: x @ kernel, kernel)
+    want_penalty = want_penalty.numpy()[rows, cols]
+    want_hessian = want_hessian.numpy()[rows, cols][:, rows, cols]
+    # float32 products of a few terms, then tanh and its derivatives: ~1e-6 relative.
+    np.testing.assert_allclose(got_penalty, want_penalty, rtol=1e-4,
+                               atol=1e-5 * np.abs(want_penalty).max())
+    np.testing.assert_allclose(got_hessian, want_hessian, rtol=1e-4,
+                               atol=1e-5 * np.abs(want_hessian).max())

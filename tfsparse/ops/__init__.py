@@ -16,6 +16,7 @@ Example:
   True
 """
 
+from tfsparse.ops import _second_order  # noqa: F401  (registers the ops' own gradients)
 from tfsparse.ops.conv import sparse_conv2d
 from tfsparse.ops.matmul import sparse_matmul
 from tfsparse.ops.pattern import SparsityPattern

@@ -25,7 +25,7 @@ def sparse_matmul(x, values, pattern, use_kernel=None, bias=None):
     a segment sum over the nonzeros; inside ``tfsparse.export.tflite_compatible()``
     with TFLite builtin ops (``tfsparse.ops.tflite``). The gradient with
     respect to ``values`` is an SDDMM (``tfsparse.ops.sddmm``). Both gradients
-    are exact.
+    are exact, and differentiable in turn (gradient penalties, Hessians).
 
     Args:
       x: float tensor ``[batch, input_dim]`` (float16 and bfloat16, as
