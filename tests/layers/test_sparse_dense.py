@@ -374,3 +374,15 @@ def test_sparse_and_ragged_inputs_are_taken_as_dense_takes_them():
     inputs = keras.Input((7,), sparse=True)
     model = keras.Model(inputs, layer(inputs))
     np.testing.assert_allclose(model(tf.sparse.from_dense(x)), want, rtol=1e-6, atol=1e-6)
+
+
+def test_an_input_of_unknown_rank_is_taken_as_dense_takes_it():
+    # Before: "expected an input of at least 2 dimensions ... Received:
+    # inputs of shape <unknown>".
+    layer = SparseDense(5, density=0.5, seed=0)
+    x = np.random.default_rng(0).standard_normal((2, 3, 7)).astype(np.float32)
+    want = layer(x).numpy()
+    call = tf.function(layer, input_signature=[tf.TensorSpec(None, tf.float32)])
+    np.testing.assert_array_equal(call(x), want)
+    # 3 rows instead of 6: another kernel path, another order of the sums.
+    np.testing.assert_allclose(call(x[0]), want[0], rtol=1e-6, atol=1e-6)

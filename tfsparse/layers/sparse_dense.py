@@ -268,7 +268,7 @@ class SparseDense(keras.layers.Layer, tfmot.sparsity.keras.PrunableLayer):
             # As Dense takes one (the same product); the kernel reads dense rows.
             inputs = tf.sparse.to_dense(inputs)
         inputs = tf.convert_to_tensor(inputs)
-        if inputs.shape.rank is None or inputs.shape.rank < 2:
+        if inputs.shape.rank is not None and inputs.shape.rank < 2:
             raise invalid_value(
                 "inputs", "an input of at least 2 dimensions (batch, ..., input_dim)",
                 received=f"inputs of shape {inputs.shape}",
@@ -276,9 +276,11 @@ class SparseDense(keras.layers.Layer, tfmot.sparsity.keras.PrunableLayer):
         if inputs.dtype != self.compute_dtype:
             inputs = tf.cast(inputs, self.compute_dtype)
         leading = None
-        if inputs.shape.rank > 2:  # as Dense: the product acts on the last axis
+        if inputs.shape.rank is None or inputs.shape.rank > 2:
+            # As Dense: the product acts on the last axis (of a rank known only
+            # when the function runs, too).
             leading = tf.shape(inputs)[:-1]
-            inputs = tf.reshape(inputs, [-1, inputs.shape[-1]])
+            inputs = tf.reshape(inputs, [-1, self.input_dim])
         # The pattern's variables themselves: a TFLite export reads them when
         # tracing (tfsparse.export.tflite_compatible), other paths as tensors.
         # An eager call that no tape watches reads them, the values and the
