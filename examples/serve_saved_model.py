@@ -66,7 +66,7 @@ def main():
             parser.error(f"--inputs: expected inputs of the model's shape ({expected}); "
                          f"received shape {x.shape}")
         if not np.issubdtype(x.dtype, np.floating):
-            parser.error(f"--inputs: expected floating-point rows; received dtype {x.dtype}")
+            parser.error(f"--inputs: expected floating-point inputs; received dtype {x.dtype}")
         return x.astype(np.float32)
 
     if args.model.endswith(".tflite"):

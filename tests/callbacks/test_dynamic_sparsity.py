@@ -494,7 +494,8 @@ def test_moving_a_layer_fssl_pruned_is_refused(method):
     from callbacks import FSSL
 
     rng = np.random.default_rng(0)
-    x, y = rng.standard_normal((64, 16)).astype("float32"), rng.standard_normal((64, 1)).astype("float32")
+    x = rng.standard_normal((64, 16)).astype("float32")
+    y = rng.standard_normal((64, 1)).astype("float32")
     fssl = FSSL(threshold=0.3, prune_epoch=2)  # prunes after step 8
     moving = DynamicSparsity(method, update_every=12, decay="constant", end_step=22,
                              layers=["pruned"])

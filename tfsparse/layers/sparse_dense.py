@@ -56,9 +56,10 @@ class SparseDense(keras.layers.Layer, tfmot.sparsity.keras.PrunableLayer):
       kernel_constraint, bias_constraint: as in ``keras.layers.Dense``; the
       kernel ones apply to ``values`` (so norm constraints over kernel axes,
       ``MaxNorm``, ``MinMaxNorm``, ``UnitNorm``, are refused). Variance-scaling
-      initializers (Glorot, He, LeCun) use the sparse fan-in and fan-out. A kernel regularizer that
-      defines ``sparse_penalty(values, pattern)`` is called that way, with
-      ``pattern`` a ``PatternTensors``; any other is called on ``values``.
+      initializers (Glorot, He, LeCun) use the sparse fan-in and fan-out. A
+      kernel regularizer that defines ``sparse_penalty(values, pattern)`` is
+      called that way, with ``pattern`` a ``PatternTensors``; any other is
+      called on ``values``.
 
     Example:
       >>> import numpy as np
