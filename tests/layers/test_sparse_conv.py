@@ -53,6 +53,19 @@ def test_forward_equals_conv2d_with_the_dense_kernel(strides, padding, dilation)
     assert layer.density == np.count_nonzero(kernel) / kernel.size
 
 
+def test_compute_output_shape_refuses_what_the_layer_cannot_take():
+    # Before: (9, 8, 4), an image without its batch axis, gave (9, 6, 2, 5),
+    # reading the width and channels as the image's sizes; a built layer
+    # took inputs of another channel count.
+    layer = SparseConv2D(5, 3, density=0.5, seed=0)
+    assert layer.compute_output_shape((None, 9, 8, 4)).as_list() == [None, 7, 6, 5]
+    with pytest.raises(ValueError, match=r'"input_shape".*4 dimensions.*\(9, 8, 4\)'):
+        layer.compute_output_shape((9, 8, 4))
+    layer.build((None, 9, 8, 4))
+    with pytest.raises(ValueError, match=r"with 4 channels.*\(None, 9, 8, 3\)"):
+        layer.compute_output_shape((None, 9, 8, 3))
+
+
 def test_only_the_nonzeros_are_weights_and_glorot_uses_the_sparse_fans():
     layer = SparseConv2D(64, 3, density=0.1, seed=0)
     layer.build((None, 8, 8, 32))

@@ -50,6 +50,20 @@ def test_static_output_shape_is_known_on_symbolic_inputs(use_bias):
     assert outputs.shape.as_list() == [None, 12]
 
 
+def test_compute_output_shape_refuses_what_the_layer_cannot_take():
+    # Before: (8,) gave (5,), a shape no call returns; a built layer gave
+    # (None, 5) for inputs of another width, which its call refuses.
+    layer = SparseDense(5, density=0.5, seed=0)
+    assert layer.compute_output_shape((None, 3, 7)).as_list() == [None, 3, 5]
+    assert layer.compute_output_shape(tf.TensorShape(None)).rank is None
+    with pytest.raises(ValueError, match=r'"input_shape".*at least 2 dimensions.*\(8,\)'):
+        layer.compute_output_shape((8,))
+    layer.build((None, 7))
+    assert layer.compute_output_shape((4, None)).as_list() == [4, 5]
+    with pytest.raises(ValueError, match=r"input_dim 7.*\(None, 6\)"):
+        layer.compute_output_shape((None, 6))
+
+
 def test_random_pattern_is_seeded_and_reproducible():
     a = SparseDense(8, density=0.25, seed=7)
     b = SparseDense(8, density=0.25, seed=7)

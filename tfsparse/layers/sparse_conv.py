@@ -205,6 +205,13 @@ class SparseConv2D(keras.layers.Layer, tfmot.sparsity.keras.PrunableLayer):
 
     def compute_output_shape(self, input_shape):
         input_shape = tf.TensorShape(input_shape)
+        channels = self.input_channels if self.built else None
+        if input_shape.rank != 4 or (channels is not None and input_shape[-1] is not None
+                                     and input_shape[-1] != channels):
+            raise invalid_value(
+                "input_shape", "4 dimensions (batch, height, width, channels)"
+                + (f" with {channels} channels" if channels is not None else ""),
+                received=f"input_shape={input_shape}")
         sizes = []
         for size, k, s, d in zip(input_shape[1:3], self.kernel_size, self.strides,
                                  self.dilation_rate):

@@ -301,7 +301,18 @@ class SparseDense(keras.layers.Layer, tfmot.sparsity.keras.PrunableLayer):
         return outputs
 
     def compute_output_shape(self, input_shape):
-        return tf.TensorShape(input_shape)[:-1].concatenate(self.units)
+        input_shape = tf.TensorShape(input_shape)
+        if input_shape.rank is None:  # as the call: the rank is known when it runs
+            return tf.TensorShape(None)
+        width = input_shape[-1] if input_shape.rank else None
+        if input_shape.rank < 2 or (self.built and width is not None
+                                    and width != self.input_dim):
+            expected = "at least 2 dimensions (batch, ..., input_dim)"
+            raise invalid_value(
+                "input_shape",
+                f"{expected} with input_dim {self.input_dim}" if self.built else expected,
+                received=f"input_shape={input_shape}")
+        return input_shape[:-1].concatenate(self.units)
 
     # Properties of the kernel.
     @property
