@@ -66,6 +66,17 @@ def test_compute_output_shape_refuses_what_the_layer_cannot_take():
         layer.compute_output_shape((None, 9, 8, 3))
 
 
+def test_an_input_of_unknown_rank_is_taken_as_conv2d_takes_it():
+    # Before: "Cannot iterate over a shape with unknown rank".
+    layer = SparseConv2D(3, 3, density=0.5, seed=0)
+    x = np.random.default_rng(0).standard_normal((2, 6, 5, 4)).astype(np.float32)
+    want = layer(x).numpy()
+    call = tf.function(layer, input_signature=[tf.TensorSpec(None, tf.float32)])
+    np.testing.assert_array_equal(call(x), want)
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        call(x[..., :3])
+
+
 def test_only_the_nonzeros_are_weights_and_glorot_uses_the_sparse_fans():
     layer = SparseConv2D(64, 3, density=0.1, seed=0)
     layer.build((None, 8, 8, 32))

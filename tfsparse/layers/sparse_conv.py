@@ -194,6 +194,8 @@ class SparseConv2D(keras.layers.Layer, tfmot.sparsity.keras.PrunableLayer):
         inputs = tf.convert_to_tensor(inputs)
         if inputs.dtype != self.compute_dtype:
             inputs = tf.cast(inputs, self.compute_dtype)
+        if inputs.shape.rank is None:  # as Conv2D: the shape is checked when it runs
+            inputs = tf.ensure_shape(inputs, [None, None, None, self.input_channels])
         output_shape = self.compute_output_shape(inputs.shape)
         outputs = sparse_conv2d(
             inputs, self.values, self._pattern(), self.kernel_size, self.strides,
