@@ -66,6 +66,26 @@ def test_compute_output_shape_refuses_what_the_layer_cannot_take():
         layer.compute_output_shape((None, 9, 8, 3))
 
 
+def test_a_half_precision_kernel_array_gives_the_pattern_and_its_values():
+    # Before: scipy's "does not support dtype float16", whatever the layer's dtype.
+    import ml_dtypes
+
+    kernel = _kernel()
+    for narrow in (np.float16, ml_dtypes.bfloat16):
+        exact = kernel.astype(narrow)
+        for dtype in ("float16", "float32"):
+            layer = SparseConv2D(5, 3, pattern=exact, dtype=dtype)
+            layer.build((None, 6, 6, 4))
+            np.testing.assert_array_equal(layer.to_dense(), exact.astype(np.float32))
+
+
+def test_an_empty_image_with_same_padding_names_its_size():
+    # Before: the kernel "is larger than the input with padding='valid'".
+    layer = SparseConv2D(5, 3, padding="same", density=0.5, seed=0)
+    with pytest.raises(ValueError, match=r"positive height and width.*\(2, 0, 7, 4\)"):
+        layer.compute_output_shape((2, 0, 7, 4))
+
+
 def test_an_input_of_unknown_rank_is_taken_as_conv2d_takes_it():
     # Before: "Cannot iterate over a shape with unknown rank".
     layer = SparseConv2D(3, 3, density=0.5, seed=0)

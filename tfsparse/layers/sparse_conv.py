@@ -130,6 +130,10 @@ class SparseConv2D(keras.layers.Layer, tfmot.sparsity.keras.PrunableLayer):
                                     received=f"pattern of shape {array.shape}")
             # In its own dtype: a float64 layer keeps float64 values exactly
             # (through float32, 1 + 1e-12 rounded and 1e-50 became a zero).
+            # Floats narrower than float32 (float16, ml_dtypes' bfloat16),
+            # which scipy does not hold, as float32: the same values exactly.
+            if array.dtype.itemsize < 4 and array.dtype.kind not in "biu":
+                array = array.astype(np.float32)
             matrix = scipy.sparse.csr_matrix(array.reshape(-1, self.filters))
             use_values = array.dtype != bool
         if matrix.ndim != 2 or matrix.shape[1] != self.filters or matrix.shape[0] % (kh * kw):
@@ -223,6 +227,9 @@ class SparseConv2D(keras.layers.Layer, tfmot.sparsity.keras.PrunableLayer):
                 sizes.append(-(-size // s))
             else:
                 sizes.append((size - (k - 1) * d - 1) // s + 1)
+        if self.padding == "same" and any(size == 0 for size in input_shape[1:3]):
+            raise invalid_value("input_shape", "an input of positive height and width",
+                                received=f"input_shape={input_shape}")
         if any(size is not None and size <= 0 for size in sizes):
             # As Conv2D: an empty output made a model that answered its bias alone.
             raise ValueError(
