@@ -11,6 +11,7 @@ the binding (so a recompiled model is a plain Keras model again).
 import dataclasses
 import functools
 import itertools
+import weakref
 
 import tensorflow as tf
 
@@ -35,6 +36,15 @@ from tfsparse.partition.shards import partitionable
 
 # Loss reductions that average over the batch (Keras's default, "auto", does).
 MEAN_REDUCTIONS = (keras.losses.Reduction.AUTO, keras.losses.Reduction.SUM_OVER_BATCH_SIZE)
+
+# Layers that normalize by the statistics of the batch they are called on.
+BATCH_STATISTICS_LAYERS = (keras.layers.BatchNormalization,
+                           keras.layers.experimental.SyncBatchNormalization)
+
+# What a new tf_keras optimizer's exclude_from_weight_decay sets (not part
+# of its config, so not in a copy made from it).
+EXCLUDED_FROM_WEIGHT_DECAY = ("_exclude_from_weight_decay",
+                              "_exclude_from_weight_decay_names")
 
 # The model methods that define its steps. The pipeline runs steps of its own
 # (the loss by ``compiled_loss`` per micro-batch, ``compiled_metrics``), so a
@@ -71,6 +81,62 @@ def check_attachable(model):
                 f"{getattr(loss, 'name', type(loss).__name__)!r} with reduction {reduction!r}")
 
 
+@dataclasses.dataclass
+class StageOptimizers:
+    """The stages' optimizer copies of a binding, and what they copied."""
+
+    strategy: object
+    optimizer: object  # the model's optimizer they are copies of
+    optimizers: list
+    device_optimizers: dict
+
+
+# Per model, the stage optimizers of its last detached binding: the next
+# binding of the same strategy and optimizer (attach again, or compile with
+# the same optimizer and attach) steps on from their state, as Keras keeps
+# an optimizer's state across compile.
+_DETACHED = weakref.WeakKeyDictionary()
+
+
+def _stage_optimizers_of(model, previous):
+    if isinstance(previous, Binding) and previous._optimizers is not None:
+        return StageOptimizers(previous.strategy, model.optimizer, previous._optimizers,
+                               previous._device_optimizers)
+    return _DETACHED.get(model)
+
+
+def _restoring_stage_optimizers(model):
+    """Whether a checkpoint restored into ``model`` waits to fill stage optimizers."""
+    return "pipeline_optimizers" in getattr(model, "_deferred_dependencies", {})
+
+
+def _take_over_state(copy, optimizer):
+    """Gives ``copy`` (built) the step count and slots ``optimizer`` holds for
+    the same variables: a model trained by plain Keras, then pipelined, steps
+    on as it would have. Slots are matched by name (the optimizer's name,
+    the slot's, the variable's); one that ``optimizer`` lacks is an error."""
+    def key(owner, variable):  # built in apply_gradients, a slot's name has
+        scope = f"{owner.name}/"  # the optimizer's name scope in front
+        name = variable.name
+        return name[len(scope):] if name.startswith(scope) else name
+
+    by_name = {}
+    for variable in optimizer.variables:
+        by_name.setdefault(key(optimizer, variable), []).append(variable)
+    for variable in copy.variables:
+        if variable is copy.iterations:
+            variable.assign(optimizer.iterations)
+            continue
+        found = by_name.get(key(copy, variable), [])
+        if len(found) != 1 or found[0].shape != variable.shape:
+            raise invalid(
+                "model", "a model whose optimizer holds one state variable per name for "
+                "the stages' optimizers to take over (compile it with a new optimizer to "
+                "start afresh)", received=f"{len(found)} variable(s) named "
+                f"{variable.name!r} in model.optimizer")
+        variable.assign(found[0])
+
+
 class Binding:
     """The pipeline of one compiled model: plan, executor, step functions."""
 
@@ -83,6 +149,8 @@ class Binding:
         self._windows = {}
         self._optimizers = None
         self._device_optimizers = {}  # (stage, device): for a group's other devices
+        self._learning_rate = None  # the one the stages' optimizers were last given
+        self._take_over_from = None  # an optimizer whose state new copies take over
         self._runs = {}  # stages: their PartitionedLayers
         self._inference_transport = None
         self._inference_windows = {}
@@ -92,6 +160,28 @@ class Binding:
         """Points the model's Keras functions at this pipeline (see the module)."""
         model = self.model
         previous = getattr(model, "pipeline", None)
+        kept = _stage_optimizers_of(model, previous)
+        if kept is not None and kept.strategy is self.strategy and kept.optimizer is model.optimizer:
+            self._optimizers = kept.optimizers
+            self._device_optimizers = dict(kept.device_optimizers)
+        elif (int(keras.backend.get_value(model.optimizer.iterations))
+              and not _restoring_stage_optimizers(model)):
+            # The stages' new copies take over the optimizer's state when
+            # they are built (_take_over_state): only a new tf_keras
+            # optimizer that stepped the model itself has it.
+            optimizer = model.optimizer
+            if not (isinstance(optimizer, keras.optimizers.Optimizer)
+                    and getattr(optimizer, "_built", False)):
+                raise invalid(
+                    "model", "a model whose optimizer has taken no steps, or steps of plain "
+                    "Keras training with a tf_keras optimizer (not a legacy one), or only "
+                    "steps of this strategy's pipeline (each stage steps a copy of the "
+                    "optimizer, which cannot take over another pipeline's state): compile "
+                    "the model with a new optimizer (fresh state); a checkpoint written "
+                    "while attached restores the stages' state",
+                    received=f"model.optimizer ({type(optimizer).__name__}) after "
+                    f"{int(optimizer.iterations.numpy())} step(s) outside this pipeline")
+            self._take_over_from = optimizer
         if isinstance(previous, Binding):
             previous.detach()
         if model.built:
@@ -121,6 +211,9 @@ class Binding:
         ``pipeline``, its ``compile`` attribute and the stages' optimizer
         copies (``pipeline_optimizers``, no longer in its checkpoints)."""
         model = self.model
+        if self._optimizers is not None:
+            _DETACHED[model] = StageOptimizers(self.strategy, model.optimizer,
+                                               self._optimizers, self._device_optimizers)
         for name in ("train_function", "test_function", "predict_function"):
             if getattr(model, name, None) == getattr(self, name):
                 setattr(model, name, None)
@@ -149,6 +242,7 @@ class Binding:
                     "layer's regularizer instead)",
                     received=f"a model with {len(model_losses)} model.add_loss loss(es)")
             layers = _costs.chain_layers(self.model)
+            self._check_batch_statistics(layers)
             stages = self.strategy.num_stages
             if stages > len(layers):
                 raise invalid("devices", "at most one device per layer (the model "
@@ -156,6 +250,23 @@ class Binding:
                               self.strategy.devices)
             self._layers = layers
         return self._layers
+
+    def _check_batch_statistics(self, layers):
+        """Refuses training BatchNormalization layers when batches are cut into
+        micro-batches: each micro-batch would be normalized by its own
+        statistics, and the moving ones updated once per micro-batch."""
+        if self.strategy.num_microbatches <= 1:
+            return
+        normalizing = [sub.name for layer in layers for sub in layer._flatten_layers()
+                       if isinstance(sub, BATCH_STATISTICS_LAYERS) and sub.trainable]
+        if normalizing:
+            raise invalid(
+                "model", "no trainable BatchNormalization layer when num_microbatches > 1 "
+                "(each micro-batch would be normalized by its own statistics, not the "
+                "batch's): freeze it (trainable=False: inference mode), use "
+                "LayerNormalization or GroupNormalization, or num_microbatches=1",
+                received=f"trainable BatchNormalization layer(s) {', '.join(normalizing)} "
+                f"with num_microbatches={self.strategy.num_microbatches}")
 
     def microbatch_sizes(self, batch_size):
         """Rows of each micro-batch of a training batch of ``batch_size`` rows:
@@ -237,7 +348,13 @@ class Binding:
             optimizer = self.model.optimizer
 
             def copy():
-                return type(optimizer).from_config(optimizer.get_config())
+                made = type(optimizer).from_config(optimizer.get_config())
+                # Not in the config: the variables AdamW (any new optimizer)
+                # leaves undecayed (exclude_from_weight_decay).
+                for name in EXCLUDED_FROM_WEIGHT_DECAY:
+                    if hasattr(optimizer, name):
+                        setattr(made, name, list(getattr(optimizer, name)))
+                return made
 
             if self._optimizers is None:
                 self._optimizers = [copy() for _ in range(self.strategy.num_stages)]
@@ -260,6 +377,9 @@ class Binding:
                 # Built before tracing, so the window is traced once.
                 for stage_optimizer, variables in executor.optimizer_variables():
                     stage_optimizer.build(variables)
+                    if self._take_over_from is not None:
+                        _take_over_state(stage_optimizer, self._take_over_from)
+                self._take_over_from = None  # once: the copies step on from here
             self._executors[batch_rows] = executor
         return self._executors[batch_rows]
 
@@ -277,6 +397,7 @@ class Binding:
     # ------------------------------------------------------------ training
     def train_function(self, iterator):
         batches = self._next_window(iterator)
+        self._follow_learning_rate()
         # A window's batches of one size run as one schedule; a batch of
         # another size (Keras's smaller last one) as a window of its own,
         # cut into micro-batches that differ by at most one row.
@@ -294,9 +415,29 @@ class Binding:
                 self._windows[rows] = tf.function(executor.train_window, autograph=False)
             logs = self._windows[rows](group)
         self.model.optimizer.iterations.assign_add(len(batches))
+        count_steps(self.model, "train", len(batches))
         logs = dict(logs)
         logs.pop(SINK, None)  # see tfsparse.distribute._horovod
         return logs
+
+    def _follow_learning_rate(self):
+        """Gives every stage's optimizer the model optimizer's learning rate.
+
+        Callbacks (LearningRateScheduler, ReduceLROnPlateau) and users set
+        ``model.optimizer.learning_rate``; the stages step copies of that
+        optimizer. A schedule is a function of the step, which each copy
+        counts as the model's optimizer does: nothing to follow.
+        """
+        rate = self.model.optimizer.learning_rate
+        if isinstance(rate, keras.optimizers.schedules.LearningRateSchedule) or callable(rate):
+            return
+        value = float(keras.backend.get_value(rate))
+        if value == self._learning_rate:
+            return
+        for optimizer in itertools.chain(self._optimizers or (),
+                                         self._device_optimizers.values()):
+            optimizer.learning_rate = value
+        self._learning_rate = value
 
     def _next_window(self, iterator):
         """The next ``steps_per_execution`` batches as (x, y, weight) tuples."""
@@ -311,6 +452,12 @@ class Binding:
                     raise
                 break
             x, y, weight = keras.utils.unpack_x_y_sample_weight(data)
+            for name, value in (("x", x), ("y", y), ("sample_weight", weight)):
+                if tf.nest.is_nested(value):
+                    raise invalid(name, "a single tensor per batch (the pipeline cuts the "
+                                  "model's one input, target and weights into "
+                                  "micro-batches)",
+                                  received=f"{name} of type {type(value).__name__}")
             if not self.model.built:
                 self.model.build(x.shape)
             batches.append((x, y, weight))

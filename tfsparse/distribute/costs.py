@@ -41,12 +41,14 @@ def chain_layers(model):
         except (AttributeError, ValueError, RuntimeError):
             inputs = outputs = None
         chained = (inputs is not None and len(model.inputs) == 1
+                   and len(model.outputs) == 1
                    and inputs[0] is model.inputs[0]
                    and all(a is b for a, b in zip(inputs[1:], outputs[:-1]))
                    and outputs[-1] is model.outputs[0])
         if not chained:
             raise invalid("model", "a chain of single-input layers (each layer "
-                          "consumes the previous layer's output)", model.name)
+                          "consumes the previous layer's output; the last one's is the "
+                          "model's only output)", model.name)
     return layers
 
 

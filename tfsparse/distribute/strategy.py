@@ -196,12 +196,18 @@ class PipelineStrategy:
         in this thread or another, are untouched. Compiling the model again
         detaches it: it then trains as a plain Keras model (attach it again
         to pipeline it), and its checkpoints no longer hold the stages'
-        optimizer copies.
+        optimizer copies. Attached again to this strategy with the same
+        optimizer, the stages step on from their state; a model trained by
+        plain Keras hands its (tf_keras) optimizer's state to the stages.
 
         Args:
           model: a compiled tf_keras model whose layers form a chain
             (Sequential, or functional with each layer consuming the
-            previous one's output). A model that overrides ``train_step``,
+            previous one's output, the last one's the only output), fed one
+            tensor each of inputs, targets and sample weights. A loss a
+            layer's call adds must be a mean over its rows (as an activity
+            regularizer's): a sum would count ``num_microbatches`` times too
+            little, undetected. A model that overrides ``train_step``,
             ``test_step``, ``predict_step``, ``compute_loss``,
             ``compute_metrics`` or a ``make_*_function`` method is refused:
             the pipeline runs steps of its own, which would bypass them.
@@ -214,8 +220,11 @@ class PipelineStrategy:
             uses loss scaling (``"mixed_float16"``), an optimizer with
             ``global_clipnorm`` or ``use_ema`` or the new ``Nadam`` (the
             stages' optimizer copies would train differently), adds a loss to the
-            model itself, or (when built) is not a chain of at least as
-            many layers as there are stages.
+            model itself, whose optimizer stepped without this strategy in a
+            way the stages cannot take over (another pipeline, a legacy
+            optimizer), or (when built) is not a chain of at least as many
+            layers as there are stages or has a trainable BatchNormalization
+            with ``num_microbatches > 1``.
         """
         check_attachable(model)
         if isinstance(model.optimizer, keras.mixed_precision.LossScaleOptimizer):
