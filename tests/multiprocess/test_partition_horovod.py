@@ -45,6 +45,23 @@ def test_outputs_and_gradients_equal_the_whole_model(run):
             np.testing.assert_allclose(r["row_sums"], 1.0, rtol=1e-6)
 
 
+def test_the_input_gradient_summed_over_ranks_is_the_whole_models(run):
+    # Before: each rank's held only its own neurons' reads (off by up to
+    # the gradient's size), so a layer before the model trained wrongly.
+    _, _, results = run
+    for r in results:
+        assert r["input_grad_diff"] <= 1e-5 * max(1.0, r["input_grad_scale"])
+
+
+def test_clipping_by_norm_and_owners_that_differ_between_ranks_are_refused(run):
+    _, _, results = run
+    for r in results:
+        assert '"optimizer"' in r["clipnorm_refused"] and "clipnorm" in r["clipnorm_refused"]
+        # Relabelled owners: the old digest (sum of owner x position) let
+        # some through on 2 ranks.
+        assert "the same partition on every rank" in r["relabelled_refused"]
+
+
 def test_weights_after_sgd_steps_equal_a_single_process_run(run):
     _, _, results = run
     for r in results:

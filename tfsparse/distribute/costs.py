@@ -12,6 +12,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfsparse._keras import keras
+from tfsparse._model_chain import chain_layers
 from tfsparse._validation import check_positive_int
 from tfsparse._validation import invalid_value as invalid
 from tfsparse.layers import SparseDense
@@ -19,37 +20,6 @@ from tfsparse.layers import SparseDense
 _ROW_WISE = (keras.layers.Dense, SparseDense, keras.layers.Activation,
              keras.layers.Dropout, keras.layers.Flatten, keras.layers.ReLU,
              keras.layers.LeakyReLU, keras.layers.Softmax)
-
-
-def chain_layers(model):
-    """The layers of a Sequential model or a functional chain, in order.
-
-    Raises:
-      ValueError: when the model is not a chain of single-input layers.
-    """
-    if not isinstance(model, keras.Model):
-        raise invalid("model", "a tf_keras Model (Sequential or a functional "
-                      "chain of layers)", type(model).__name__)
-    layers = [layer for layer in model.layers
-              if not isinstance(layer, keras.layers.InputLayer)]
-    if not layers:
-        raise invalid("model", "a model with at least one layer", model.name)
-    if not isinstance(model, keras.Sequential):
-        try:
-            inputs = [layer.input for layer in layers]
-            outputs = [layer.output for layer in layers]
-        except (AttributeError, ValueError, RuntimeError):
-            inputs = outputs = None
-        chained = (inputs is not None and len(model.inputs) == 1
-                   and len(model.outputs) == 1
-                   and inputs[0] is model.inputs[0]
-                   and all(a is b for a, b in zip(inputs[1:], outputs[:-1]))
-                   and outputs[-1] is model.outputs[0])
-        if not chained:
-            raise invalid("model", "a chain of single-input layers (each layer "
-                          "consumes the previous layer's output; the last one's is the "
-                          "model's only output)", model.name)
-    return layers
 
 
 def splittable_layers(layers):

@@ -38,10 +38,13 @@ Example:
   True
 """
 
+import hashlib
+
 import numpy as np
 import tensorflow as tf
 
 from tfsparse._keras import keras
+from tfsparse._model_chain import chain_layers
 from tfsparse._validation import invalid_value
 from tfsparse.partition.shards import assemble
 from tfsparse.partition.shards import ends_run
@@ -199,6 +202,42 @@ class GatherOutputs(keras.layers.Layer):
         return finish_outputs(gather(inputs), self.activation)
 
 
+class PartitionedModel(keras.Model):
+    """The model ``distribute`` returns: a functional Keras model whose
+    ``compile`` refuses what the ranks cannot compute as the whole model
+    would.
+
+    ``clipnorm`` and ``global_clipnorm`` would clip each rank's shard of a
+    layer's weights by the norm of that shard alone (the whole model's
+    norm is over every shard), and a ``LossScaleOptimizer`` would judge
+    overflows, and so its scale, on each rank alone.
+    """
+
+    def compile(self, optimizer="rmsprop", *args, **kwargs):
+        optimizer = keras.optimizers.get(optimizer)
+        settings = [name for name in ("clipnorm", "global_clipnorm")
+                    if getattr(optimizer, name, None) is not None]
+        if isinstance(optimizer, keras.mixed_precision.LossScaleOptimizer):
+            settings.append("loss scaling (LossScaleOptimizer)")
+        if settings:
+            raise invalid_value(
+                "optimizer", "an optimizer without clipnorm, global_clipnorm or loss "
+                "scaling (each rank would clip or scale by its own shard's gradients, not "
+                "the whole model's; clipvalue is element-wise and works)",
+                received=f"{type(optimizer).__name__} with {', '.join(settings)}")
+        return super().compile(optimizer, *args, **kwargs)
+
+
+@tf.custom_gradient
+def _input_gradient_summed_over_ranks(inputs):
+    def gradient(upstream):
+        return _horovod().allreduce(upstream, op=_horovod().Sum,
+                                    name="tfsparse_partition_input_gradient",
+                                    ignore_name_scope=True)
+
+    return tf.identity(inputs), gradient
+
+
 def _sparse_layers(model):
     """The model's layers, all SparseDense layers ``distribute`` computes exactly.
 
@@ -206,12 +245,18 @@ def _sparse_layers(model):
         ValueError: naming the first layer that is not (see
             ``tfsparse.partition.shards`` for the rule).
     """
-    layers = [layer for layer in model.layers
-              if not isinstance(layer, keras.layers.InputLayer)]
-    if not layers:
-        raise invalid_value("model", "a model of SparseDense layers",
-                            received=f"model {model.name!r} without layers")
+    layers = chain_layers(model)
     for index, layer in enumerate(layers):
+        if not layer.built:
+            raise invalid_value("model", "a built model (its layers' shapes are known "
+                                "once built: call it on a batch, or start it with an Input)",
+                                received=f"layer {layer.name!r} not built")
+        if layer.dtype_policy.name != "float32":
+            # The shards compute in float32 (no float64 kernels, and one loss
+            # scale per rank under mixed_float16 would differ between ranks).
+            raise invalid_value("model", "float32 layers (dtype policy 'float32')",
+                                received=f"layer {layer.name!r} with dtype policy "
+                                f"{layer.dtype_policy.name!r}")
         reason = unpartitionable_reason(layer)
         if reason is not None:
             raise invalid_value(
@@ -226,6 +271,21 @@ def _sparse_layers(model):
     return layers
 
 
+def owners_digest(owners):
+    """A digest of a partition's owners (one int array per level), to compare
+    the ranks' partitions by one small message.
+
+    Example:
+      >>> owners_digest([np.array([0, 1, 1, 0])]) == owners_digest([np.array([1, 0, 0, 1])])
+      False
+    """
+    digest = hashlib.blake2b(digest_size=16)
+    for level in owners:
+        digest.update(np.int64(np.size(level)).tobytes())
+        digest.update(np.ascontiguousarray(level, dtype=np.int64).tobytes())
+    return digest.hexdigest()
+
+
 def _check_partition(partition, sizes, hvd):
     if partition.k != hvd.size():
         raise invalid_value(
@@ -235,9 +295,7 @@ def _check_partition(partition, sizes, hvd):
         raise invalid_value(
             "partition", f"one for a network with layer sizes {sizes}",
             received=f"partition.sizes={partition.sizes}")
-    digest = np.array([int(o @ np.arange(1, o.size + 1) % 1000003)
-                       for o in partition.owners], dtype=np.int64)
-    digests = hvd.allgather_object(digest.tolist())
+    digests = hvd.allgather_object(owners_digest(partition.owners))
     if any(d != digests[0] for d in digests):
         raise invalid_value(
             "partition", "the same partition on every rank (Mt-KaHyPar with several "
@@ -253,7 +311,9 @@ def distribute(model, partition, exchange_inputs=False):
     and the same partition everywhere. The returned model maps the whole
     input batch ``[batch, n_0]`` to the whole output ``[batch, n_L]`` on
     every rank; compile it with a plain optimizer and fit it with the same
-    batches on every rank (``shuffle=False`` or a common seed).
+    batches on every rank (``shuffle=False`` or a common seed: nothing
+    checks that the ranks' batches agree, and outputs gathered from
+    different samples train the model wrongly).
 
     Args:
         model: a Keras model of SparseDense layers (``InputLayer`` allowed)
@@ -267,8 +327,21 @@ def distribute(model, partition, exchange_inputs=False):
             exchanges them like the others (for inputs that arrive split).
 
     Returns:
-        A ``keras.Model`` whose layers are ``PartitionedSparseDense`` and a
-        final ``GatherOutputs``; ``collect_weights`` copies its weights back.
+        A ``PartitionedModel`` (a functional ``keras.Model``): a ``Lambda``
+        that sums the gradient of the inputs over the ranks (run only when
+        something before the model needs it), the ``PartitionedSparseDense``
+        layers and a final ``GatherOutputs``; ``collect_weights`` copies its
+        weights back. Its ``compile`` refuses ``clipnorm``,
+        ``global_clipnorm`` and loss scaling. Its collectives have fixed
+        names: one distributed model per traced function (two in one
+        ``fit`` fail with Horovod's error about tensors of the same name).
+
+    Raises:
+        ValueError: naming the argument, for a model that is not a built
+            chain of float32 SparseDense layers (each called once, one
+            input, one output), a partition of another network or size,
+            other owners on another rank, or a rank that owns no neuron of
+            some layer.
 
     Example:
         >>> # under horovodrun -np 2, after hvd.init():
@@ -280,19 +353,32 @@ def distribute(model, partition, exchange_inputs=False):
     """
     hvd = _horovod()
     layers = _sparse_layers(model)
+    policy = keras.mixed_precision.global_policy().name
+    if policy != "float32":
+        raise invalid_value("model", "distribute called under the float32 dtype policy "
+                            "(the ranks' layers take the global policy)",
+                            received=f"global policy {policy!r}")
     sizes = [layers[0].input_dim] + [layer.units for layer in layers]
     _check_partition(partition, sizes, hvd)
     rank, k = hvd.rank(), hvd.size()
     owners = partition.owners
+    for level in range(1, len(owners)):
+        # The same partition on every rank: every rank raises alike.
+        owned = np.bincount(owners[level], minlength=k)
+        if not owned.all():
+            raise invalid_value(
+                "partition", "every rank to own outputs in every layer",
+                received=f"rank {int(np.argmin(owned))} owning none of layer "
+                f"{layers[level - 1].name!r}'s {owners[level].size}")
     shards = [layer_shard(layer, owners[l], owners[l + 1], rank, k)
               for l, layer in enumerate(layers)]
     plans = [shard.plan for shard in shards]
-    if any(plan.owned_outputs.size == 0 for plan in plans):
-        raise invalid_value(
-            "partition", "every rank to own outputs in every layer",
-            received=f"rank {rank} owns none in some layer")
     inputs = keras.Input((sizes[0],), dtype=layers[0].dtype)
-    x = inputs
+    # Each rank's gradient of the inputs holds its own neurons' reads only:
+    # summed over the ranks, the whole model's (computed only when something
+    # before the model needs it).
+    x = keras.layers.Lambda(_input_gradient_summed_over_ranks,
+                            name="input_gradient_sum")(inputs)
     if exchange_inputs:
         x = keras.layers.Lambda(
             lambda t: tf.gather(t, plans[0].owned_inputs, axis=1))(x)
@@ -312,7 +398,7 @@ def distribute(model, partition, exchange_inputs=False):
     owned_last = [np.flatnonzero(owners[-1] == r) for r in range(k)]
     outputs = GatherOutputs(owned_last, rank, activation=layers[-1].activation,
                             name="gather_outputs")(x)
-    result = keras.Model(inputs, outputs, name=f"{model.name}_partitioned")
+    result = PartitionedModel(inputs, outputs, name=f"{model.name}_partitioned")
     result.partition_plans = plans
     result.partitioned_layers = distributed
     return result

@@ -19,7 +19,9 @@ import tensorflow as tf  # noqa: E402
 import horovod.tensorflow as hvd  # noqa: E402
 
 from tfsparse.layers import SparseDense  # noqa: E402
+from tfsparse.partition import Partition  # noqa: E402
 from tfsparse.partition import partition_rows  # noqa: E402
+from tfsparse.partition.rows import kernels_of  # noqa: E402
 from tfsparse.partition.distributed import collect_weights  # noqa: E402
 from tfsparse.partition.distributed import distribute  # noqa: E402
 from tfsparse.partition.distributed import exchange  # noqa: E402
@@ -50,6 +52,14 @@ def build_model(network):
 
 def max_diff(a, b):
     return float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
+
+
+def input_gradient(network_model, batch):
+    """d(sum of squared outputs)/d(batch)."""
+    with tf.GradientTape() as tape:
+        tape.watch(batch)
+        total = tf.reduce_sum(tf.square(network_model(batch)))
+    return tape.gradient(total, batch)
 
 
 def log(message):
@@ -98,6 +108,28 @@ def main(out, method, exchange_inputs, network):
         grad_diffs.append(max_diff(d_bias, tf.gather(g_bias, part.plan.owned_outputs)))
     result["grad_diff"] = max(grad_diffs)
     result["grad_scale"] = max(float(np.max(np.abs(g))) for g in full_grads)
+
+    # The gradient of the inputs (what a layer before the model would get):
+    # every rank's, summed over the ranks, is the whole model's.
+    batch = tf.constant(x[:BATCH])
+    full_input_grad, dist_input_grad = (
+        input_gradient(network_model, batch) for network_model in (model, dist))
+    result["input_grad_diff"] = max_diff(dist_input_grad, full_input_grad)
+    result["input_grad_scale"] = float(np.max(np.abs(full_input_grad)))
+    # Clipping by norms would clip each rank's shard by its own norm.
+    try:
+        dist.compile(keras.optimizers.SGD(0.1, clipnorm=1.0), "mse")
+        result["clipnorm_refused"] = ""
+    except ValueError as error:
+        result["clipnorm_refused"] = str(error)
+    # Owners that differ between ranks (rank 1's relabelled): every rank refuses.
+    owners = [o if rank == 0 else (o + 1) % size for o in partition.owners]
+    try:
+        distribute(model, Partition.from_owners(kernels_of(model), owners, size))
+        result["relabelled_refused"] = ""
+    except ValueError as error:
+        result["relabelled_refused"] = str(error)
+    log("input gradient and refusals done")
 
     # Traffic: what alltoall actually moved, per layer, against the partition.
     # Horovod reports per source rank what each rank received; gathering
