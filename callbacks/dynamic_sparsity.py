@@ -79,12 +79,18 @@ class DynamicSparsity(keras.callbacks.Callback):
       update_every: int >= 1, steps between updates (RigL: 100).
       drop_fraction: float in (0, 1], ``alpha`` (RigL: 0.3).
       decay: "cosine" (RigL), "constant" or "linear".
-      end_step: last update step: an int >= 1, or a float in (0, 1], the
-        fraction of the training steps (RigL: 0.75).
+      end_step: updates run at steps before it: an int >= 1, or a float in
+        (0, 1], the fraction of the training steps, ``epochs`` times the
+        steps per epoch of ``fit`` (RigL: 0.75). Training over several
+        ``fit`` calls of other lengths needs an int (the steps count on
+        over the calls; a fraction that comes to another step in a later
+        call is an error). ``fit(initial_epoch=k, epochs=n)`` after an
+        interruption comes to the same step as the uninterrupted ``fit``.
       layers: the SparseDense and SparseConv2D layers (or their names) to
         update; None for all.
-      seed: int, seeds SET's growth.
-      block_elements: int, the most dense-gradient entries formed at once.
+      seed: int >= 0, seeds SET's growth.
+      block_elements: None or an int >= 1, the most dense-gradient entries
+        formed at once (None: 2**23).
       verbose: 0 or 1 (1 prints each update).
 
     Example:
@@ -117,25 +123,44 @@ class DynamicSparsity(keras.callbacks.Callback):
                 or (_is_real(end_step) and not _is_int(end_step) and 0 < end_step <= 1)):
             errors.append(_invalid("end_step", "an integer >= 1 or a float in (0, 1]",
                                    end_step))
-        if not _is_int(seed):
-            errors.append(_invalid("seed", "an integer", seed))
+        if not _is_int(seed) or seed < 0:
+            errors.append(_invalid("seed", "a non-negative integer", seed))
+        if block_elements is not None and (not _is_int(block_elements) or block_elements < 1):
+            errors.append(_invalid("block_elements", "None or an integer >= 1",
+                                   block_elements))
+        if verbose not in (0, 1) or not (_is_int(verbose) or isinstance(verbose, bool)):
+            errors.append(_invalid("verbose", "0 or 1", verbose))
+        selection = layers
+        if layers is not None:
+            if not isinstance(layers, (str, keras.layers.Layer)) and hasattr(layers, "__iter__"):
+                selection = list(layers)
+            if not isinstance(selection, list) or not selection:
+                errors.append(_invalid("layers", "None or a non-empty list of SparseDense "
+                                       "and SparseConv2D layers (or their names)", layers))
         if errors:
             raise ValueError("\n".join(str(error) for error in errors))
         self.method, self.update_every = method, int(update_every)
         self.drop_fraction, self.decay, self.end_step = float(drop_fraction), decay, end_step
-        self.layer_selection, self.seed, self.block_elements = layers, int(seed), block_elements
-        self.verbose = verbose
+        self.layer_selection = selection
+        self.seed = int(seed)
+        self.block_elements = None if block_elements is None else int(block_elements)
+        self.verbose = int(verbose)
         self.updates = []
         self.skipped_steps = []  # RigL's update steps a LossScaleOptimizer skipped
         self._capture = self._installed = None
+        self._fraction_end = None  # end_step as a fraction: the step it came to
 
     # ---------------------------------------------------------------- Keras hooks
     def on_train_begin(self, logs=None):
         self.updates, self.skipped_steps = [], []
         check_optimizer(self.model.optimizer)  # not at the first update, mid-training
         self._layers = self._resolve_layers()
-        _refuse_layers_fssl_pruned(self.model, self._layers)
         self._end = self._end_step()
+        step = int(self.model.optimizer.iterations.numpy())
+        if (step // self.update_every + 1) * self.update_every < self._end:
+            # Only while an update is left (a resume after the last one, into
+            # FSSL's pruning, is not a move).
+            _refuse_layers_fssl_pruned(self.model, self._layers)
         self._start = self._due = None
         self._epoch_seconds = 0.0
         self._installed = False
@@ -232,7 +257,17 @@ class DynamicSparsity(keras.callbacks.Callback):
         steps = (self.params or {}).get("steps")
         epochs = (self.params or {}).get("epochs")
         if steps and epochs:
-            return int(self.end_step * steps * epochs)
+            end = int(self.end_step * steps * epochs)
+            if self._fraction_end is not None and end != self._fraction_end:
+                # The steps count on over fit calls: another total here would
+                # change the schedule halfway, silently.
+                raise _invalid(
+                    "end_step", "an integer step when fit is called several times with "
+                    "different lengths (a fraction is of one fit's steps, "
+                    f"epochs x steps per epoch: {self._fraction_end} in an earlier fit, "
+                    f"{end} in this one)", self.end_step)
+            self._fraction_end = end
+            return end
         raise ValueError(
             "DynamicSparsity(end_step=<fraction>) needs the number of training steps; "
             "fit without steps_per_epoch on an unsized dataset does not give it: "

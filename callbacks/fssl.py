@@ -118,7 +118,10 @@ class FSSL(keras.callbacks.Callback):
                 "prune_epoch", f"an epoch within fit(epochs={epochs})", self.prune_epoch)
         variables = [_layers.kernel_variable(layer) for layer in self.layers]
         state = getattr(self.model, "fssl_state", None)
-        if state is None or not state.matches(variables):
+        # Not an FSSLState: a SavedModel's revived copy (keras.models.load_model
+        # of a SavedModel directory) holds values but no methods; the schedule
+        # starts over, as after a .keras file.
+        if not isinstance(state, FSSLState) or not state.matches(variables):
             # Tracked by the model: a checkpoint restored before or after
             # this (BackupAndRestore in either order) fills it.
             self.model.fssl_state = FSSLState(variables)

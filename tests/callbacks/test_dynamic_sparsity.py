@@ -276,8 +276,43 @@ def test_invalid_arguments_are_all_reported():
         _message("drop_fraction", "a float in (0, 1]", "1.5"),
         _message("decay", "one of ('cosine', 'constant', 'linear')", "'step'"),
         _message("end_step", "an integer >= 1 or a float in (0, 1]", "0"),
-        _message("seed", "an integer", "None"),
+        _message("seed", "a non-negative integer", "None"),
     ]
+
+
+@pytest.mark.parametrize("argument,value", [
+    # Before: NumPy's error at the first SET update, a TypeError at the first
+    # RigL update, 0 silently the default, -5 silently one column a block,
+    # any verbose, 5 a TypeError at fit, [] an error not naming layers.
+    ("seed", -1), ("block_elements", "big"), ("block_elements", 2500.0),
+    ("block_elements", 0), ("block_elements", -5), ("verbose", "yes"), ("verbose", 7),
+    ("layers", 5), ("layers", []), ("layers", "dense"),
+])
+def test_each_argument_is_checked_when_made(argument, value):
+    with pytest.raises(ValueError, match=f'"{argument}"'):
+        DynamicSparsity("set", **{argument: value})
+
+
+def test_a_fractional_end_step_that_moves_between_fits_is_refused():
+    # Before: 4 x fit(epochs=1) made one update (0.75 x 8 steps of each call)
+    # against fit(epochs=4)'s five; fit(epochs=2) then fit(initial_epoch=2,
+    # epochs=4) skipped steps 12 and 16.
+    model, callback = _model(), DynamicSparsity("set", update_every=4)
+    model.fit(X, Y, batch_size=8, epochs=2, verbose=0, callbacks=[callback])
+    with pytest.raises(ValueError, match=r'"end_step".*12 in an earlier fit, 24 in this one'):
+        model.fit(X, Y, batch_size=8, initial_epoch=2, epochs=4, verbose=0,
+                  callbacks=[callback])
+    # A resume of the same length, with a new callback, is the same schedule.
+    straight, resumed = _model(), _model()
+    straight.fit(X, Y, batch_size=8, epochs=4, verbose=0, shuffle=False,
+                 callbacks=[DynamicSparsity("set", update_every=4)])
+    first = DynamicSparsity("set", update_every=4, end_step=24)
+    resumed.fit(X, Y, batch_size=8, epochs=2, verbose=0, shuffle=False, callbacks=[first])
+    again = DynamicSparsity("set", update_every=4)
+    resumed.fit(X, Y, batch_size=8, initial_epoch=2, epochs=4, verbose=0, shuffle=False, callbacks=[again])
+    assert [u["step"] for u in first.updates + again.updates] == [4, 8, 12, 16, 20]
+    for a, b in zip(straight.get_weights(), resumed.get_weights()):
+        np.testing.assert_array_equal(a, b)
 
 
 class _Invariants(keras.callbacks.Callback):
@@ -509,3 +544,14 @@ def test_moving_a_layer_fssl_pruned_is_refused(method):
         _fssl_model().fit(x, y, batch_size=16, epochs=6, verbose=0,
                           callbacks=[FSSL(threshold=0.3, prune_epoch=2), moving])
         assert moving.updates
+    # Resumed after FSSL pruned, with no move left: before, refused all the same.
+    model = _fssl_model()
+    moving = DynamicSparsity(method, update_every=4, decay="constant", end_step=8,
+                             layers=["pruned"])
+    model.fit(x, y, batch_size=16, epochs=4, verbose=0,
+              callbacks=[FSSL(threshold=0.3, prune_epoch=2), moving])
+    again = DynamicSparsity(method, update_every=4, decay="constant", end_step=8,
+                            layers=["pruned"])
+    model.fit(x, y, batch_size=16, initial_epoch=4, epochs=6, verbose=0,
+              callbacks=[FSSL(threshold=0.3, prune_epoch=2), again])
+    assert again.updates == []

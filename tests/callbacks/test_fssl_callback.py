@@ -166,6 +166,21 @@ def test_schedule_prunes_masks_and_turns_the_penalty_off():
     assert float(tf.add_n(model.losses)) == 0.0
 
 
+def test_a_model_reloaded_from_a_saved_model_starts_the_schedule_over(tmp_path):
+    # Before: "'_UserObject' object has no attribute 'matches'" (the revived
+    # fssl_state) at any fit with FSSL.
+    model = dense_model()
+    x, y = data()
+    model.fit(x, y, epochs=3, batch_size=16, verbose=0,
+              callbacks=[FSSL(threshold=1e-2, prune_epoch=2)])
+    model.save(tmp_path / "saved", save_format="tf")
+    loaded = keras.models.load_model(tmp_path / "saved")
+    callback = FSSL(threshold=1e-2, prune_epoch=1)
+    history = loaded.fit(x, y, epochs=2, batch_size=16, verbose=0, callbacks=[callback])
+    assert history.history["fssl/phase"] == [0.0, 1.0] and callback.pruned_epoch == 0
+    np.testing.assert_array_equal(loaded.layers[0].kernel.numpy()[:, TINY_COLUMNS], 0.0)
+
+
 def test_fine_tune_steps_change_only_kept_weights():
     model = dense_model()
     x, y = data()
