@@ -126,10 +126,10 @@ def test_the_stages_optimizer_state_carries_over_or_attaching_is_refused():
     pipeline.attach(model)  # again, without compiling
     fit(model)
     assert_same_weights(model, trained(keras.optimizers.Adam(0.05), False, 3))
-    # Another strategy's stages would start afresh while the model's
-    # optimizer has taken steps (of the pipeline: it holds no moments).
-    with pytest.raises(ValueError, match=r"model.optimizer \(Adam\) after 12 step\(s\)"):
-        strategy().attach(model)
+    # Another strategy: its stages take over the last ones' state.
+    strategy().attach(model)
+    fit(model)
+    assert_same_weights(model, trained(keras.optimizers.Adam(0.05), False, 4))
     model.compile(keras.optimizers.Adam(0.05), "mse")  # a new optimizer: fresh state
     strategy().attach(model)
     # Plain Keras training, then pipelined: the stages take over its state.
@@ -137,6 +137,26 @@ def test_the_stages_optimizer_state_carries_over_or_attaching_is_refused():
     fit(plain)
     assert_same_weights(plain, trained(keras.optimizers.Adam(0.05), False, 3))
     assert [int(o.iterations.numpy()) for o in plain.pipeline.stage_optimizers] == [12]
+    # Pipelined, then plain steps with the same optimizer, then the same
+    # pipeline: the stages take over the plain steps' state, not their own
+    # older one.
+    optimizer = keras.optimizers.Adam(0.05)
+    mixed = chain()
+    mixed.compile(optimizer, "mse")
+    pipeline.attach(mixed)
+    fit(mixed)
+    mixed.compile(optimizer, "mse")
+    fit(mixed)
+    pipeline.attach(mixed)
+    fit(mixed)
+    assert_same_weights(mixed, trained(keras.optimizers.Adam(0.05), False, 3))
     legacy = trained(keras.optimizers.legacy.Adam(0.05), False, 1)
     with pytest.raises(ValueError, match=r"not a legacy one.*\(Adam\) after 4 step"):
+        strategy().attach(legacy)
+    # A legacy optimizer's stages cannot hand their state to another strategy.
+    legacy = chain()
+    legacy.compile(keras.optimizers.legacy.Adam(0.05), "mse")
+    strategy().attach(legacy)
+    fit(legacy)
+    with pytest.raises(ValueError, match=r"\(Adam\) after 4 step"):
         strategy().attach(legacy)

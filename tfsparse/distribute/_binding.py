@@ -89,6 +89,7 @@ class StageOptimizers:
     optimizer: object  # the model's optimizer they are copies of
     optimizers: list
     device_optimizers: dict
+    steps: int  # the model optimizer's step count when they last stepped
 
 
 # Per model, the stage optimizers of its last detached binding: the next
@@ -100,8 +101,7 @@ _DETACHED = weakref.WeakKeyDictionary()
 
 def _stage_optimizers_of(model, previous):
     if isinstance(previous, Binding) and previous._optimizers is not None:
-        return StageOptimizers(previous.strategy, model.optimizer, previous._optimizers,
-                               previous._device_optimizers)
+        return previous._stage_optimizers()
     return _DETACHED.get(model)
 
 
@@ -110,11 +110,11 @@ def _restoring_stage_optimizers(model):
     return "pipeline_optimizers" in getattr(model, "_deferred_dependencies", {})
 
 
-def _take_over_state(copy, optimizer):
-    """Gives ``copy`` (built) the step count and slots ``optimizer`` holds for
-    the same variables: a model trained by plain Keras, then pipelined, steps
-    on as it would have. Slots are matched by name (the optimizer's name,
-    the slot's, the variable's); one that ``optimizer`` lacks is an error."""
+def _matched_state(copy, optimizer):
+    """Pairs ``(copy's variable, optimizer's variable)`` for each state
+    variable of ``copy`` (a stage's built copy) but its step count: matched
+    by name (the optimizer's name scope, the slot's name, the variable's).
+    A slot ``optimizer`` lacks, or has twice, is an error."""
     def key(owner, variable):  # built in apply_gradients, a slot's name has
         scope = f"{owner.name}/"  # the optimizer's name scope in front
         name = variable.name
@@ -123,18 +123,39 @@ def _take_over_state(copy, optimizer):
     by_name = {}
     for variable in optimizer.variables:
         by_name.setdefault(key(optimizer, variable), []).append(variable)
+    pairs = []
     for variable in copy.variables:
         if variable is copy.iterations:
-            variable.assign(optimizer.iterations)
             continue
         found = by_name.get(key(copy, variable), [])
         if len(found) != 1 or found[0].shape != variable.shape:
             raise invalid(
                 "model", "a model whose optimizer holds one state variable per name for "
-                "the stages' optimizers to take over (compile it with a new optimizer to "
-                "start afresh)", received=f"{len(found)} variable(s) named "
+                "the stages' optimizers (compile it with a new optimizer to start "
+                "afresh)", received=f"{len(found)} variable(s) named "
                 f"{variable.name!r} in model.optimizer")
-        variable.assign(found[0])
+        pairs.append((variable, found[0]))
+    return pairs
+
+
+def _take_over_state(copy, optimizer):
+    """Gives ``copy`` (built) ``optimizer``'s step count and its slots of the
+    same variables: a model trained by plain Keras, then pipelined, steps on
+    as it would have."""
+    copy.iterations.assign(optimizer.iterations)
+    for mine, theirs in _matched_state(copy, optimizer):
+        mine.assign(theirs)
+
+
+def _hand_back_state(copies, optimizer, variables):
+    """Gives ``optimizer`` (the model's, built on ``variables`` if it is not)
+    the stages' slots, when a recompile with it detaches the pipeline: plain
+    Keras then steps on from them (its step count the pipeline kept)."""
+    if not getattr(optimizer, "_built", False):
+        optimizer.build(variables)
+    for copy in copies:
+        for mine, theirs in _matched_state(copy, optimizer):
+            theirs.assign(mine)
 
 
 class Binding:
@@ -161,26 +182,33 @@ class Binding:
         model = self.model
         previous = getattr(model, "pipeline", None)
         kept = _stage_optimizers_of(model, previous)
-        if kept is not None and kept.strategy is self.strategy and kept.optimizer is model.optimizer:
+        optimizer = model.optimizer
+        steps = int(keras.backend.get_value(optimizer.iterations))
+        current = (kept is not None and kept.optimizer is optimizer and kept.steps == steps)
+        new_style = isinstance(optimizer, keras.optimizers.Optimizer)
+        if current and kept.strategy is self.strategy:
             self._optimizers = kept.optimizers
             self._device_optimizers = dict(kept.device_optimizers)
-        elif (int(keras.backend.get_value(model.optimizer.iterations))
-              and not _restoring_stage_optimizers(model)):
+        elif current and steps and new_style and not kept.device_optimizers:
+            # Another strategy: the optimizer takes the last stages' state,
+            # which the new stages take over.
+            _hand_back_state(kept.optimizers, optimizer, model.trainable_variables)
+            self._take_over_from = optimizer
+        elif steps and not _restoring_stage_optimizers(model):
             # The stages' new copies take over the optimizer's state when
             # they are built (_take_over_state): only a new tf_keras
-            # optimizer that stepped the model itself has it.
-            optimizer = model.optimizer
-            if not (isinstance(optimizer, keras.optimizers.Optimizer)
-                    and getattr(optimizer, "_built", False)):
+            # optimizer that holds the model's state (stepped it, or was
+            # handed the stages' by a compile) has it.
+            if current or not (new_style and getattr(optimizer, "_built", False)):
                 raise invalid(
-                    "model", "a model whose optimizer has taken no steps, or steps of plain "
-                    "Keras training with a tf_keras optimizer (not a legacy one), or only "
-                    "steps of this strategy's pipeline (each stage steps a copy of the "
-                    "optimizer, which cannot take over another pipeline's state): compile "
-                    "the model with a new optimizer (fresh state); a checkpoint written "
-                    "while attached restores the stages' state",
+                    "model", "a model whose optimizer has taken no steps, or holds the "
+                    "state of its steps: a tf_keras optimizer (not a legacy one) of plain "
+                    "Keras training or of a pipeline on one device per stage (each stage "
+                    "steps a copy of the optimizer; a stage on a group of devices keeps "
+                    "shards): compile the model with a new optimizer to start afresh; a "
+                    "checkpoint written while attached restores the stages' state",
                     received=f"model.optimizer ({type(optimizer).__name__}) after "
-                    f"{int(optimizer.iterations.numpy())} step(s) outside this pipeline")
+                    f"{steps} step(s) outside this pipeline")
             self._take_over_from = optimizer
         if isinstance(previous, Binding):
             previous.detach()
@@ -190,14 +218,27 @@ class Binding:
 
         @functools.wraps(compile_)
         def compile_and_detach(*args, **kwargs):
+            optimizer = model.optimizer
             self.detach()
-            return compile_(model, *args, **kwargs)
+            result = compile_(model, *args, **kwargs)
+            if (model.optimizer is optimizer and self._optimizers is not None
+                    and not self._device_optimizers
+                    and isinstance(optimizer, keras.optimizers.Optimizer)):
+                # Compiled again with the same optimizer, as Keras keeps its
+                # state: the stages' is its state now.
+                _hand_back_state(self._optimizers, optimizer, model.trainable_variables)
+            return result
 
         model.train_function = self.train_function
         model.test_function = self.test_function
         model.predict_function = self.predict_function
         model.pipeline = self
         model.compile = self._compile = compile_and_detach
+
+    def _stage_optimizers(self):
+        return StageOptimizers(self.strategy, self.model.optimizer, self._optimizers,
+                               self._device_optimizers,
+                               int(keras.backend.get_value(self.model.optimizer.iterations)))
 
     @property
     def attached(self):
@@ -212,8 +253,7 @@ class Binding:
         copies (``pipeline_optimizers``, no longer in its checkpoints)."""
         model = self.model
         if self._optimizers is not None:
-            _DETACHED[model] = StageOptimizers(self.strategy, model.optimizer,
-                                               self._optimizers, self._device_optimizers)
+            _DETACHED[model] = self._stage_optimizers()
         for name in ("train_function", "test_function", "predict_function"):
             if getattr(model, name, None) == getattr(self, name):
                 setattr(model, name, None)

@@ -196,9 +196,11 @@ class PipelineStrategy:
         in this thread or another, are untouched. Compiling the model again
         detaches it: it then trains as a plain Keras model (attach it again
         to pipeline it), and its checkpoints no longer hold the stages'
-        optimizer copies. Attached again to this strategy with the same
-        optimizer, the stages step on from their state; a model trained by
-        plain Keras hands its (tf_keras) optimizer's state to the stages.
+        optimizer copies. With a tf_keras optimizer the state carries over
+        as over Keras's ``compile``: attached again, the stages step on from
+        theirs; compiled with the same optimizer, it takes theirs; attached
+        after plain Keras training, or to another strategy, the new stages
+        take over the optimizer's or the last stages'.
 
         Args:
           model: a compiled tf_keras model whose layers form a chain
@@ -220,9 +222,9 @@ class PipelineStrategy:
             uses loss scaling (``"mixed_float16"``), an optimizer with
             ``global_clipnorm`` or ``use_ema`` or the new ``Nadam`` (the
             stages' optimizer copies would train differently), adds a loss to the
-            model itself, whose optimizer stepped without this strategy in a
-            way the stages cannot take over (another pipeline, a legacy
-            optimizer), or (when built) is not a chain of at least as many
+            model itself, whose optimizer's steps the stages cannot take over
+            (a legacy optimizer's, or those of stages on groups of devices),
+            or (when built) is not a chain of at least as many
             layers as there are stages or has a trainable BatchNormalization
             with ``num_microbatches > 1``.
         """
