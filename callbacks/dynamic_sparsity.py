@@ -148,7 +148,7 @@ class DynamicSparsity(keras.callbacks.Callback):
         self.updates = []
         self.skipped_steps = []  # RigL's update steps a LossScaleOptimizer skipped
         self._capture = self._installed = None
-        self._fraction_end = None  # end_step as a fraction: the step it came to
+        self._fraction_end = None  # end_step as a fraction: (model, the step it came to)
 
     # ---------------------------------------------------------------- Keras hooks
     def on_train_begin(self, logs=None):
@@ -258,15 +258,16 @@ class DynamicSparsity(keras.callbacks.Callback):
         epochs = (self.params or {}).get("epochs")
         if steps and epochs:
             end = int(self.end_step * steps * epochs)
-            if self._fraction_end is not None and end != self._fraction_end:
+            earlier = self._fraction_end
+            if earlier is not None and earlier[0] is self.model and end != earlier[1]:
                 # The steps count on over fit calls: another total here would
                 # change the schedule halfway, silently.
                 raise _invalid(
                     "end_step", "an integer step when fit is called several times with "
                     "different lengths (a fraction is of one fit's steps, "
-                    f"epochs x steps per epoch: {self._fraction_end} in an earlier fit, "
+                    f"epochs x steps per epoch: {earlier[1]} in an earlier fit, "
                     f"{end} in this one)", self.end_step)
-            self._fraction_end = end
+            self._fraction_end = (self.model, end)
             return end
         raise ValueError(
             "DynamicSparsity(end_step=<fraction>) needs the number of training steps; "
