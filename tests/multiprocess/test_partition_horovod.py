@@ -60,6 +60,8 @@ def test_clipping_by_norm_and_owners_that_differ_between_ranks_are_refused(run):
         # Relabelled owners: the old digest (sum of owner x position) let
         # some through on 2 ranks.
         assert "the same partition on every rank" in r["relabelled_refused"]
+        assert "every rank to own outputs in every layer" in r["ownerless_refused"]
+        assert "rank 1 owning none of layer" in r["ownerless_refused"]
 
 
 def test_weights_after_sgd_steps_equal_a_single_process_run(run):
