@@ -309,7 +309,8 @@ def test_a_fractional_end_step_that_moves_between_fits_is_refused():
     first = DynamicSparsity("set", update_every=4, end_step=24)
     resumed.fit(X, Y, batch_size=8, epochs=2, verbose=0, shuffle=False, callbacks=[first])
     again = DynamicSparsity("set", update_every=4)
-    resumed.fit(X, Y, batch_size=8, initial_epoch=2, epochs=4, verbose=0, shuffle=False, callbacks=[again])
+    resumed.fit(X, Y, batch_size=8, initial_epoch=2, epochs=4, verbose=0, shuffle=False,
+                callbacks=[again])
     assert [u["step"] for u in first.updates + again.updates] == [4, 8, 12, 16, 20]
     for a, b in zip(straight.get_weights(), resumed.get_weights()):
         np.testing.assert_array_equal(a, b)
