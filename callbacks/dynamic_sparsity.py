@@ -87,7 +87,8 @@ class DynamicSparsity(keras.callbacks.Callback):
         call is an error). ``fit(initial_epoch=k, epochs=n)`` after an
         interruption comes to the same step as the uninterrupted ``fit``.
       layers: the SparseDense and SparseConv2D layers (or their names) to
-        update; None for all.
+        update, each trainable; None for all the trainable ones (a frozen
+        layer, ``trainable=False``, keeps its pattern and weights).
       seed: int >= 0, seeds SET's growth.
       block_elements: None or an int >= 1, the most dense-gradient entries
         formed at once (None: 2**23).
@@ -285,9 +286,19 @@ class DynamicSparsity(keras.callbacks.Callback):
                 raise _invalid("layers", "SparseDense or SparseConv2D layers of the model "
                                "(or their names)", unknown)
             found = [layer for layer in found if layer.name in wanted]
+            frozen = [layer.name for layer in found if not layer.trainable]
+            if frozen:
+                # A frozen layer's grown positions would stay 0 and its
+                # dropped weights be lost: its pattern is not to move.
+                raise _invalid("layers", "trainable layers (a frozen layer's dropped weights "
+                               "would be lost and its grown ones never train)",
+                               received=f"trainable=False layers {frozen}")
+        else:
+            found = [layer for layer in found if layer.trainable]  # frozen ones stay as they are
         if not found:
             raise ValueError(
-                "DynamicSparsity found no SparseDense or SparseConv2D layer in the model.")
+                "DynamicSparsity found no trainable SparseDense or SparseConv2D layer in the "
+                "model (frozen ones, trainable=False, are not updated).")
         return found
 
 

@@ -1,6 +1,7 @@
 """callbacks.DynamicSparsity in model.fit: schedule, saving, resuming, refusals."""
 
 import pathlib
+import re
 import sys
 
 import numpy as np
@@ -210,6 +211,34 @@ def test_layers_argument_limits_the_update():
     assert list(callback.updates[0]["moved"]) == ["hidden"]
 
 
+
+@pytest.mark.parametrize("method", ["set", "rigl"])
+def test_frozen_layers_keep_their_pattern_and_weights(method):
+    # A frozen (trainable=False) SparseConv2D before trainable layers, as in
+    # transfer learning: its dropped weights would be lost and its grown
+    # positions never train, so layers=None leaves it as it is.
+    model = _cnn()
+    conv = model.layers[0]
+    conv.trainable = False
+    model.compile("adam", "mse")
+    x = np.random.default_rng(5).random((32, 8, 8, 2), "float32")
+    y = np.random.default_rng(6).random((32, model.output_shape[-1]), "float32")
+    weights = [w.numpy().copy() for w in conv.weights]
+    callback = DynamicSparsity(method, update_every=2, drop_fraction=0.5, end_step=100)
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[callback])
+    assert callback.updates and all(conv.name not in u["moved"] for u in callback.updates)
+    for before, after in zip(weights, conv.weights):
+        np.testing.assert_array_equal(after.numpy(), before)
+    frozen = re.escape(f"trainable=False layers {[conv.name]}")
+    with pytest.raises(ValueError, match=f'"layers".*{frozen}'):
+        model.fit(x, y, epochs=1, verbose=0,
+                  callbacks=[DynamicSparsity(method, layers=[conv.name])])
+    model.trainable = False
+    model.compile("adam", "mse")
+    with pytest.raises(ValueError, match="no trainable SparseDense or SparseConv2D layer"):
+        model.fit(x, y, epochs=1, verbose=0, callbacks=[DynamicSparsity(method)])
+
+
 def _fit_with_backup(model, backup_dir, epochs, stop_after=None, x=X):
     class Interrupt(keras.callbacks.Callback):
         def on_epoch_end(self, epoch, logs=None):
@@ -406,7 +435,7 @@ def test_misuse_is_refused_with_a_clear_error():
                   callbacks=[DynamicSparsity("set", layers=["nope"])])
     dense = keras.Sequential([keras.Input((12,)), keras.layers.Dense(4)])
     dense.compile("adam", "mse")
-    with pytest.raises(ValueError, match="no SparseDense or SparseConv2D layer"):
+    with pytest.raises(ValueError, match="no trainable SparseDense or SparseConv2D layer"):
         dense.fit(X, Y, epochs=1, verbose=0, callbacks=[DynamicSparsity("set")])
     model.compile("adam", "mse", jit_compile=True)
     with pytest.raises(ValueError, match="jit_compile=False"):

@@ -367,3 +367,28 @@ def test_half_precision_models_compact_and_report(dtype):
     nonzeros = [model.layers[0].nnz, int(np.count_nonzero(model.layers[1].kernel.numpy())),
                 model.layers[2].nnz]
     assert [row["nnz_before"] for row in rows[:3]] == nonzeros
+
+
+@pytest.mark.parametrize("flatten", [False, True])
+def test_a_float64_chain_stays_float64_where_inputs_are_dropped(flatten):
+    # The first Dense lost input rows: compact puts a GatherInputs in front
+    # of it, which took float32 by default and rounded the float64 inputs
+    # (3.6e-8 off). Now float64 throughout: one order of additions less
+    # than 2**-52 * a few terms of O(1) apart.
+    keras.utils.set_random_seed(0)
+    shape = (4, 5) if flatten else (20,)
+    layers = [keras.Input(shape, dtype="float64")]
+    if flatten:
+        layers.append(keras.layers.Flatten(dtype="float64"))
+    model = keras.Sequential(layers + [
+        keras.layers.Dense(10, activation="relu", dtype="float64"),
+        keras.layers.Dense(2, dtype="float64")])
+    first = model.layers[-2]
+    kernel = first.kernel.numpy()
+    kernel[[1, 4, 7]] = 0
+    first.kernel.assign(kernel)
+    small = fssl.compact(model)
+    assert [layer.dtype for layer in small.layers] == ["float64"] * len(small.layers)
+    assert any(isinstance(layer, fssl.GatherInputs) for layer in small.layers)
+    x = np.random.default_rng(0).normal(size=(8,) + shape)
+    np.testing.assert_allclose(small(x).numpy(), model(x).numpy(), rtol=0, atol=1e-14)

@@ -298,6 +298,41 @@ def test_custom_layer_that_cannot_be_rebuilt_is_a_clear_error():
         "'needy' of type Needy, whose get_config/from_config fails (")
 
 
+
+def _unregistered_square(t):
+    return t * t + 1.0
+
+
+@pytest.mark.parametrize("activation", [lambda t: t * t + 1.0, _unregistered_square])
+@pytest.mark.parametrize("kind", ["conv", "dense chain"])
+def test_a_layer_whose_activation_cannot_be_rebuilt_is_a_clear_error(activation, kind):
+    # The layer compact rebuilds (its kernel lost groups) has an activation
+    # its config cannot restore: Keras's TypeError quoted the whole config.
+    keras.utils.set_random_seed(0)
+    if kind == "conv":
+        inputs = keras.Input((6, 6, 3))
+        hidden = L.Conv2D(5, 3, activation=activation, name="rebuilt")(
+            L.Conv2D(4, 3, activation="relu")(inputs))
+        model = keras.Model(inputs, L.Dense(2)(L.Flatten()(hidden)))
+    else:
+        model = keras.Sequential([keras.Input((6,)), L.Dense(5, activation="relu"),
+                                  L.Dense(4, activation=activation, name="rebuilt"),
+                                  L.Dense(2)])
+    first = model.layers[1] if kind == "conv" else model.layers[0]
+    kernel = first.kernel.numpy()
+    kernel[..., :2] = 0  # two outputs gone: the next layer is rebuilt with fewer inputs
+    first.kernel.assign(kernel)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Keras warns that a lambda is serialized
+        with pytest.raises(ValueError) as info:
+            fssl.compact(model)
+    message = str(info.value)
+    assert message.startswith(
+        "compact rebuilds every layer of the new model from its config. Received: layer "
+        "'rebuilt' of type ")
+    assert "register_keras_serializable" in message and len(message) < 700
+
+
 class Doubled(L.Dense):
     """A Dense that computes otherwise: compact must not rebuild it as a Dense."""
 

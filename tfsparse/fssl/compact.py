@@ -412,11 +412,14 @@ def compact(model, dense_threshold=DEFAULT_DENSE_THRESHOLD, drop_inputs=False):
     else:
         new_layers.append(keras.Input(model.input_shape[1:], dtype=model.input.dtype))
         if flatten is not None:
-            new_layers.append(flatten.__class__.from_config(flatten.get_config()))
+            new_layers.append(_build.rebuilt(flatten))
         if first.kept_inputs.size < input_dim:
             if first.to_dense:
-                new_layers.append(
-                    GatherInputs(first.kept_inputs.tolist(), name="fssl_kept_inputs"))
+                # The first layer's dtype policy: the gather casts as that layer
+                # would (selection and casting commute), float64 stays float64.
+                first_layer = next(layer for layer in chain if is_fully_connected(layer))
+                new_layers.append(GatherInputs(first.kept_inputs.tolist(), name="fssl_kept_inputs",
+                                               dtype=first_layer.dtype_policy))
             else:  # the pattern skips the removed inputs: put its rows back in place
                 coo = first.kernel.tocoo()
                 first.kernel = scipy.sparse.csr_matrix(
@@ -427,5 +430,5 @@ def compact(model, dense_threshold=DEFAULT_DENSE_THRESHOLD, drop_inputs=False):
         if is_fully_connected(layer):
             new_layers.append(_build_layer(next(layer_plans)))
         else:
-            new_layers.append(layer.__class__.from_config(layer.get_config()))
+            new_layers.append(_build.rebuilt(layer))
     return keras.Sequential(new_layers, name=f"{model.name}_compact")

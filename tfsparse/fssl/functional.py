@@ -102,9 +102,9 @@ class WeightedPlan:
         if not is_convolution(layer):
             return _build.fully_connected(layer, scipy.sparse.csr_matrix(self.kernel), self.bias,
                                           self.to_dense(dense_threshold))
-        config = _build.settings_without_group_lasso(layer)
-        config.update(filters=int(self.kept_outputs.size), use_bias=self.bias is not None)
-        new = type(layer).from_config(config)
+        new = _build.rebuilt(layer, lambda: {
+            **_build.settings_without_group_lasso(layer),
+            "filters": int(self.kept_outputs.size), "use_bias": self.bias is not None})
         new.build((None,) + (None,) * (self.kernel.ndim - 2) + (self.kernel.shape[-2],))
         new.kernel.assign(self.kernel.astype(layer.dtype))
         if self.bias is not None:
@@ -119,14 +119,7 @@ def _clone(layer):
         ValueError: when the config cannot rebuild the layer (reusing the layer
             itself would share its weights with the original model).
     """
-    try:
-        new = type(layer).from_config(layer.get_config())
-    except (NotImplementedError, TypeError, ValueError) as error:
-        raise ValueError(
-            "compact rebuilds every layer of the new model from its config. Received: "
-            f"layer {layer.name!r} of type {type(layer).__name__}, whose get_config/"
-            f"from_config fails ({type(error).__name__}: {error}); give it a get_config"
-        ) from None
+    new = _build.rebuilt(layer)
     if layer.weights:
         new.build(layer.input_shape)
         new.set_weights(layer.get_weights())
@@ -134,7 +127,7 @@ def _clone(layer):
 
 
 def _sliced_channelwise(layer, kept):
-    new = type(layer).from_config(layer.get_config())
+    new = _build.rebuilt(layer)
     if layer.weights:  # BatchNormalization: every weight is per channel
         new.build(layer.input_shape[:-1] + (int(kept.sum()),))
         new.set_weights([w[kept] for w in layer.get_weights()])
@@ -186,7 +179,7 @@ def _rebuild(analysis, layer, built, new, dense_threshold):
         built[id(layer.output)] = new(inputs[0])
         return
     else:
-        new_layer = type(layer).from_config(layer.get_config())
+        new_layer = _build.rebuilt(layer)
     arguments = [new(t) for t in inputs]
     built[id(layer.output)] = new_layer(arguments if len(arguments) > 1 else arguments[0])
 
