@@ -128,3 +128,40 @@ def test_checkpointed_residuals_restore_into_the_other_buffer_layout(saved_fused
     tf.train.Checkpoint(exchange=restored).read(path).expect_partial()
     for variable, residual in zip(others, want):
         np.testing.assert_array_equal(restored.residual_of(variable).numpy(), residual)
+
+
+def test_a_step_over_some_of_the_built_variables_leaves_the_others_residuals():
+    # A layer frozen after the first step (compile again with the same
+    # optimizer): the exchange takes the other variables alone; the frozen
+    # variable's residual waits for it, and the result is the one-variable
+    # exchange's.
+    a, b = tf.Variable(tf.zeros([4])), tf.Variable(tf.zeros([4]))
+    exchange = CompressedExchange(TopK(0.5))
+    exchange.build([a, b])
+    exchange.exchange([tf.constant([1.0, -4.0, 2.0, 3.0]), tf.constant([5.0, 1.0, 0.5, -6.0])],
+                      [a, b])
+    residual_a = exchange.residual_of(a).numpy().copy()
+    np.testing.assert_array_equal(residual_a, [1.0, 0.0, 2.0, 0.0])
+    exchange.build([b])
+    [combined] = exchange.exchange([tf.constant([0.0, 2.0, 1.0, 0.0])], [b])
+    # b's residual [0, 1, 0.5, 0] plus its gradient: the two largest of [0, 3, 1.5, 0] go.
+    np.testing.assert_array_equal(combined.numpy(), [0.0, 3.0, 1.5, 0.0])
+    np.testing.assert_array_equal(exchange.residual_of(b).numpy(), [0.0, 0.0, 0.0, 0.0])
+    np.testing.assert_array_equal(exchange.residual_of(a).numpy(), residual_a)
+
+
+def test_a_step_over_variables_without_residuals_or_part_of_a_fused_buffer_is_refused():
+    a, b, c = (tf.Variable(tf.zeros([3]), name=name) for name in "abc")
+    exchange = CompressedExchange(TopK(0.5))
+    exchange.build([a, b])
+    with pytest.raises(ValueError, match=r"has none for: \['c:0'\]"):
+        exchange.build([b, c])
+    fused = CompressedExchange(TopK(0.5), fused=True)
+    fused.build([a, b])
+    with pytest.raises(ValueError, match=r"fused=False.*Left out: \['a:0'\]"):
+        fused.build([b])
+    dense = CompressedExchange(NoCompression())  # no state: any list
+    dense.build([a, b])
+    dense.build([c])
+    [out] = dense.exchange([tf.constant([1.0, 2.0, 3.0])], [c])
+    np.testing.assert_array_equal(out.numpy(), [1.0, 2.0, 3.0])

@@ -25,7 +25,8 @@ def ranks(tmp_path_factory):
 
 
 @pytest.mark.parametrize("run", ["plain", "none", "topk", "topk_skip", "outside_none",
-                                 "outside_topk", "outside_legacy", "compile_wrapped", "rigl"])
+                                 "outside_topk", "outside_legacy", "outside_legacy_passes",
+                                 "compile_wrapped", "rigl"])
 def test_ranks_skip_the_same_steps_and_hold_the_same_weights(ranks, run):
     first, second = ranks[0][run], ranks[1][run]
     assert first["scales"] == second["scales"]

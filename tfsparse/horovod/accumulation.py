@@ -55,8 +55,22 @@ class GradientAccumulator(tf.Module):
             self.counter = tf.Variable(0, dtype=tf.int64, trainable=False, name="counter")
 
     def build(self, variables):
-        """Creates one zero sum per variable (once; call under ``tf.init_scope``)."""
+        """Creates one zero sum per variable (once; call under ``tf.init_scope``).
+
+        Later calls may name some of those variables (a layer frozen since):
+        the others' sums are left out of the passes. A variable without a sum
+        is an error (a checkpoint restores the sums in the order of the first
+        list, so none is added later).
+        """
         if self.sums:
+            unknown = [v.name for v in variables if v.ref() not in self._variable_refs]
+            if unknown:
+                raise ValueError(
+                    "backward_passes_per_step sums the gradients of the variables of the "
+                    f"first step ({len(self.sums)} variables); it was called with variables "
+                    f"it has no sum for: {unknown}. Compile with a new DistributedOptimizer for "
+                    "a model with new trainable variables (layers added or unfrozen after "
+                    "training began).")
             return
         self._variable_names.extend(v.name for v in variables)
         self._variable_refs.extend(v.ref() for v in variables)
@@ -74,10 +88,23 @@ class GradientAccumulator(tf.Module):
             return None
         return self.sums[self._variable_refs.index(variable.ref())]
 
-    def add(self, gradients):
-        """Adds one pass's gradients; returns a bool tensor: this pass completes the sum."""
+    def _sums_and_names(self, variables):
+        """(sum, name) of each of ``variables`` (None: every sum, in order)."""
+        if variables is None:
+            return list(zip(self.sums, self._variable_names))
+        at = [self._variable_refs.index(v.ref()) for v in variables]
+        return [(self.sums[i], self._variable_names[i]) for i in at]
+
+    def add(self, gradients, variables=None):
+        """Adds one pass's gradients; returns a bool tensor: this pass completes the sum.
+
+        Args:
+            gradients: one per variable (None: nothing to add).
+            variables: the variables of ``gradients`` (some of those built);
+                None: all of them, in the order given to `build`.
+        """
         updates = []
-        for gradient, total, name in zip(gradients, self.sums, self._variable_names):
+        for gradient, (total, name) in zip(gradients, self._sums_and_names(variables)):
             if gradient is None:
                 continue
             if isinstance(gradient, tf.IndexedSlices):
@@ -93,14 +120,17 @@ class GradientAccumulator(tf.Module):
         with tf.control_dependencies(updates):
             return tf.equal(self.counter.assign_add(1), self.passes)
 
-    def read(self, gradients):
-        """The sums (divided by the pass count if averaging); None where `gradients` has None."""
+    def read(self, gradients, variables=None):
+        """The sums (divided by the pass count if averaging); None where `gradients` has None.
+
+        ``variables`` as in `add`.
+        """
         scale = 1.0 / self.passes if self._average else None
         return [
             None if gradient is None
             else total.read_value() if scale is None
             else total.read_value() * tf.cast(scale, total.dtype)
-            for gradient, total in zip(gradients, self.sums)
+            for gradient, (total, _) in zip(gradients, self._sums_and_names(variables))
         ]
 
     def reset(self):

@@ -131,12 +131,7 @@ class CompressedExchange(tf.Module):
         """
         keys = [v.ref() for v in variables]
         if self._built_keys is not None:
-            if keys != self._built_keys:
-                raise ValueError(
-                    "The compressed exchange was built for a different list of variables "
-                    f"({len(self._built_keys)} variables); it was called with {len(keys)}. "
-                    "Use one DistributedOptimizer per model."
-                )
+            self._check_variables(variables)
             return
         self._built_keys = self._no_dependency(keys)
         if self.sends_dense:
@@ -160,6 +155,36 @@ class CompressedExchange(tf.Module):
         # restored before the first step reach the new residuals now.
         self.feedbacks.extend(feedbacks)
         self.residuals.extend(self.residual_of(variable) for variable in variables)
+
+    def _check_variables(self, variables):
+        """Later steps may train some of the first step's variables, not others.
+
+        Freezing a layer and compiling again with the same optimizer leaves
+        its variables out: their residuals wait (checkpoints keep them) until
+        they train again. A dense exchange keeps no state: any list goes.
+        """
+        if self.sends_dense:
+            return
+        built = self._built_keys
+        unknown = [v.name for v in variables if v.ref() not in built]
+        if unknown:
+            raise ValueError(
+                "The compressed exchange keeps error-feedback residuals for the variables of "
+                f"its first step ({len(built)} variables); it was called with variables it "
+                f"has none for: {unknown}. Compile with a new DistributedOptimizer for a model "
+                "with new trainable variables (layers added or unfrozen after training began; "
+                "its residuals start at zero).")
+        if self._fused:
+            called = {v.ref() for v in variables}
+            for group in self._groups:
+                present = [built[i] in called for i in group]
+                if any(present) and not all(present):
+                    left_out = [built[i].deref().name for i in group if built[i] not in called]
+                    raise ValueError(
+                        "fused=True compresses the gradients of each dtype as one buffer, "
+                        "residuals included; a step without some of its variables (a frozen "
+                        "layer's) would send their residuals and drop what it sent. Use "
+                        f"fused=False to freeze layers during training. Left out: {left_out}")
 
     def residual_of(self, variable):
         """The error-feedback residual of ``variable`` (None if it has none).
@@ -192,11 +217,26 @@ class CompressedExchange(tf.Module):
 
         Args:
             gradients: list of gradient tensors (or None / IndexedSlices).
-            variables: the matching variables (the list given to `build`).
+            variables: the matching variables: the list given to `build`, or
+                some of them (the others, frozen, keep their residuals).
         """
         gradients = [self._prepare(g) for g in gradients]
         if self.sends_dense:
             return self._dense_exchange(gradients, variables)
+        keys = self._built_keys
+        if [v.ref() for v in variables] != keys:
+            # Some of the built variables (the others frozen): theirs stay
+            # None (their buffers idle, their residuals kept).
+            positions = [keys.index(v.ref()) for v in variables]
+            every = [None] * len(keys)
+            for position, gradient in zip(positions, gradients):
+                every[position] = gradient
+            combined = self._sparse_exchange(every, [key.deref() for key in keys])
+            return [combined[position] for position in positions]
+        return self._sparse_exchange(gradients, variables)
+
+    def _sparse_exchange(self, gradients, variables):
+        """The exchange of `exchange`, for the built list of variables."""
         active = [
             (number, group, feedback)
             for number, (group, feedback) in enumerate(zip(self._groups, self.feedbacks))

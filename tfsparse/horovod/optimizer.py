@@ -93,17 +93,24 @@ class _CompressedGradientsMixin:
                 self.iterations  # noqa: B018  (a legacy optimizer creates it on first read)
         if accumulator is None:
             return self._exchange_and_apply(gradients, variables, args, kwargs)
-        complete = accumulator.add(gradients)
+        complete = accumulator.add(gradients, variables)
 
         def exchange_and_apply():
-            applied = self._exchange_and_apply(accumulator.read(gradients), variables, args, kwargs)
+            applied = self._exchange_and_apply(accumulator.read(gradients, variables), variables,
+                                               args, kwargs)
             return self._iterations_after(_after(applied, accumulator.reset))
 
         def count_the_pass():
             # As Horovod: passes that apply nothing still advance `iterations`.
             return tf.identity(self.iterations.assign_add(1))
 
-        return tf.cond(complete, exchange_and_apply, count_the_pass)
+        applied = tf.cond(complete, exchange_and_apply, count_the_pass)
+        if isinstance(self, keras.optimizers.legacy.Optimizer):
+            # A legacy apply returns an op: a legacy LossScaleOptimizer around
+            # this one conds it with its own skip branch's op (a tensor here
+            # failed there: int64 against that op's bool).
+            return tf.group(applied)
+        return applied
 
     def _exchange_and_apply(self, gradients, variables, args, kwargs):
         if not isinstance(self, keras.mixed_precision.LossScaleOptimizer):
