@@ -171,6 +171,17 @@ def test_load_mnist_truncated_file(tmp_path, small_split):
         load_mnist(tmp_path)
 
 
+def test_load_mnist_header_whose_size_wraps_int64(tmp_path, small_split):
+    # 2**31 * 2**31 * 4 bytes is 2**64: counted in int64 it wrapped to 0 and
+    # a 16-byte file passed the length check (then a bare reshape error).
+    write_idx_dir(tmp_path, small_split)
+    path = tmp_path / "t10k-images-idx3-ubyte"
+    path.write_bytes(bytes([0, 0, 8, 3]) + struct.pack(">3I", 2**31, 2**31, 4))
+    with pytest.raises(ValueError, match=re.escape(
+            f"Malformed IDX file '{path}': a shape of (2147483648, 2147483648, 4) needs "
+            f"{16 + 2**64} bytes. Received: 16 bytes.")):
+        load_mnist(tmp_path)
+
 def test_load_mnist_count_mismatch(tmp_path, small_split):
     write_idx_dir(tmp_path, small_split)
     write_idx(tmp_path / "train-labels-idx1-ubyte", small_split["y_train"][:59])

@@ -181,3 +181,25 @@ def test_truth_without_the_images_is_an_error(challenge_dir, capsys):
         cli.main(["--data", str(directory), "--neurons", "64", "--layers", "3", "--bias", "-0.3"])
     assert ('for "--data", expected a directory holding sparse-images-64.tsv beside '
             "neuron64-l3-categories.tsv") in capsys.readouterr().err
+
+
+def test_an_images_file_cut_short_fails_the_truth_check(challenge_dir, capsys):
+    # The truth names inputs past the last one read: they were dropped, and
+    # a file that had lost its tail reported "tfsparse == truth: yes".
+    directory, truth = challenge_dir
+    assert truth.max() >= 30
+    write_features(directory / "sparse-images-64.tsv", mnist_features(64, num_inputs=60)[:30])
+    status = cli.main(["--data", str(directory), "--neurons", "64", "--layers", "3",
+                       "--bias", "-0.3", "--repeats", "1", "--no-progress", "--no-reference"])
+    assert status == 1
+    assert f"truth: {len(truth)} categories; tfsparse == truth: NO" in capsys.readouterr().out
+
+
+def test_an_empty_images_file_is_a_usage_error(challenge_dir, capsys):
+    directory, _ = challenge_dir
+    (directory / "sparse-images-64.tsv").write_text("")
+    status = cli.main(["--data", str(directory), "--neurons", "64", "--layers", "3",
+                       "--bias", "-0.3", "--repeats", "1", "--no-progress"])
+    assert status == 2  # was a ZeroDivisionError
+    assert (f"error: The challenge file '{directory / 'sparse-images-64.tsv'}' holds no input"
+            in capsys.readouterr().err)

@@ -146,6 +146,25 @@ def test_invalid_arguments(function):
         function(features, weights, float("nan"))
     with pytest.raises(ValueError, match=re.escape('"weights", expected a non-empty list')):
         function(features, [], -0.3)
+    infinite = features.copy()
+    infinite.data[3] = np.inf
+    with pytest.raises(ValueError, match=re.escape(
+            'Received an invalid value for "features", expected values finite in float32 '
+            "(|value| <= 3.4e38). Received: features holding")):
+        function(infinite, weights, -0.3)
+
+
+@pytest.mark.parametrize("bad", [np.inf, np.nan, 1e39])
+def test_weights_not_finite_in_float32_are_refused(bad):
+    # The kernels computed 0 * inf = NaN where SciPy's product skips a zero
+    # activation: the two disagreed on the categories.
+    features, weights = small_problem()
+    weights = [w.astype(np.float64) for w in weights]
+    weights[1].data[5] = bad
+    with pytest.raises(ValueError, match=re.escape(
+            'Received an invalid value for "weights[1]", expected values finite in float32 '
+            "(|value| <= 3.4e38). Received: weights[1] holding")):
+        inference(features, weights, -0.3)
 
 
 def test_invalid_batch_size():

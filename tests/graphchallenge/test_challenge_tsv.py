@@ -107,6 +107,8 @@ MALFORMED_TRIPLES = [
     ("1\t17\t0.5\n", "(column <= 16)"),
     ("17\t1\t0.5\n", "(row <= 16)"),
     ("1\t2\tnan\n", "(finite numbers)"),
+    # Finite in float64 but inf once kept in float32: tfsparse and SciPy then disagreed.
+    ("1\t2\t1e39\n", "(values of magnitude <= 3.402823e+38, finite in float32)"),
 ]
 
 
@@ -182,3 +184,22 @@ def test_invalid_sizes(tmp_path):
     with pytest.raises(ValueError, match=re.escape(
             'Received an invalid value for "layers", expected a positive integer. Received: layers=0')):
         load_network(tmp_path, 16, 0)
+
+
+@pytest.mark.parametrize("content", [b"", b"1\t1\t1\n"], ids=["truncated gzip", "not gzip"])
+def test_a_corrupt_gz_file_is_named(tmp_path, content):
+    path = tmp_path / "sparse-images-16.tsv.gz"
+    lines = "".join(f"{i}\t{i % 16 + 1}\t1\n" for i in range(1, 400)).encode()
+    path.write_bytes(content or gzip.compress(lines)[:len(gzip.compress(lines)) // 2])
+    with pytest.raises(ValueError, match=re.escape(
+            f"The challenge file '{path}' cannot be read as a text table of numbers (")):
+        load_features(path, 16)
+
+
+def test_a_file_that_is_not_utf8_text_is_named(tmp_path):
+    path = tmp_path / "sparse-images-16.tsv"
+    path.write_bytes("1\t1\t1\n".encode("utf-16"))
+    with pytest.raises(ValueError, match=re.escape(
+            f"The challenge file '{path}' cannot be read as a text table of numbers "
+            "(UnicodeDecodeError")):
+        load_features(path, 16)

@@ -6,6 +6,7 @@ big-endian uint32 per dimension and then the data in row-major order.
 """
 
 import gzip
+import math
 import pathlib
 import struct
 
@@ -55,7 +56,7 @@ def read_idx(path, expected_ndim):
             f"{header_size} bytes. Received: {len(content)} bytes."
         )
     shape = struct.unpack(f">{ndim}I", content[4:header_size])
-    expected_size = header_size + int(np.prod(shape, dtype=np.int64))
+    expected_size = header_size + math.prod(shape)  # Python ints: no int64 wrap at 2**63
     if len(content) != expected_size:
         raise ValueError(
             f"Malformed IDX file '{path}': a shape of {shape} needs "

@@ -115,6 +115,8 @@ def load_problem(args):
     images = _existing(args.data, f"sparse-images-{neurons}.tsv")
     if images is not None:
         features = gc.load_features(images, neurons)
+        if features.shape[0] == 0:
+            raise ValueError(f"The challenge file '{images}' holds no input (no line).")
         source = f"{images}"
         if args.inputs is not None:
             if args.inputs > features.shape[0]:
@@ -132,7 +134,11 @@ def load_problem(args):
     truth = None
     if truth_path is not None:
         truth = gc.load_categories(truth_path)
-        truth = truth[truth < features.shape[0]]
+        if args.inputs is not None:
+            # The categories among the first --inputs inputs. Without it, an
+            # id past the inputs read stays: a cut-short images file (whose
+            # missing inputs can be no category) then fails the check.
+            truth = truth[truth < features.shape[0]]
     return weights, features, truth, network, source
 
 

@@ -16,8 +16,9 @@ values that are not published with the files we know of. tfsparse chooses:
   ``stride * c <= N``, then ``N // c`` when ``N`` is not a power of ``c``
   (1024: strides 1 and 32; 4096: 1, 32, 128; 16384: 1, 32, 512; 65536: 1, 32,
   1024, 2048). Each stride gives ``c`` distinct shifts (``stride * (c - 1) <
-  N``), and one block of layers using every stride once reaches every output
-  from every input, as RadiX-Nets do;
+  N``), and for the challenge's sizes one block of layers using every stride
+  once reaches every output from every input, as RadiX-Nets do (not for
+  every N: for 1000, strides 1 and 31 reach 993 outputs from each input);
 - layers come in blocks of ``len(strides)``; the order of the strides inside a
   block and a cyclic offset ``o_l`` per layer are drawn from
   ``numpy.random.default_rng(seed)``, so layer ``l`` is

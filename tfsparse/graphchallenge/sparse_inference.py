@@ -84,6 +84,10 @@ def prepare_network(weights):
         (1024, 2, 65536)
     """
     weights = _check_weights(weights)
+    for index, weight in enumerate(weights):
+        # float32 as the layers compute: 1e39 would be inf, and 0 * inf NaN
+        # where SciPy's product skips the zero activation.
+        _check_finite(f"weights[{index}]", weight)
     neurons = weights[0].shape[0]
     return PreparedNetwork(neurons, tuple(_layer_tensors(w) for w in weights), count_edges(weights))
 
@@ -238,9 +242,22 @@ def _check_weights(weights):
     return weights
 
 
+def _check_finite(name, matrix):
+    """Raises unless every stored value of ``matrix`` is finite in float32."""
+    data = np.asarray(matrix.data)
+    with np.errstate(over="ignore", invalid="ignore"):
+        finite = np.isfinite(data.astype(np.float32, copy=False))
+    if not finite.all():
+        bad = data[np.flatnonzero(~finite)[0]]
+        raise invalid_value(name, "values finite in float32 (|value| <= 3.4e38)",
+                            received=f"{name} holding {bad!r}")
+
+
 def _check_arguments(features, weights, bias):
     """Returns (CSR float32 features, neurons, float bias) after checking them."""
-    features = scipy.sparse.csr_matrix(features, dtype=np.float32)
+    features = scipy.sparse.csr_matrix(features)
+    _check_finite("features", features)
+    features = features.astype(np.float32)
     if isinstance(weights, PreparedNetwork):
         neurons = weights.neurons
     else:

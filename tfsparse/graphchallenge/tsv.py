@@ -164,6 +164,9 @@ def _write_triples(path, matrix):
     np.savetxt(path, table, fmt=["%d", "%d", "%.9g"], delimiter="\t")
 
 
+# The largest magnitude a value may have: values are kept in float32.
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+
 # The largest row or image id read: inputs are counted in int32 (and a
 # larger id, 1e20 say, asked for a matrix of that many rows).
 _MAX_ID = 2**31 - 1
@@ -176,7 +179,7 @@ def _read_triples(path, max_row, max_col):
     rows, cols, values = table[:, 0], table[:, 1], table[:, 2]
     problems = (
         (rows < 1) | (cols < 1) | (rows != np.floor(rows)) | (cols != np.floor(cols))
-        | ~np.isfinite(values) | (cols > max_col) | (rows > max_row)
+        | ~(np.abs(values) <= _FLOAT32_MAX) | (cols > max_col) | (rows > max_row)
     )
     if problems.any():
         _raise_for_first_bad_line(
@@ -207,6 +210,10 @@ def _load_table(path, fields, layout):
             table = np.loadtxt(path, dtype=np.float64, comments=None, ndmin=2)
     except FileNotFoundError:
         raise FileNotFoundError(f"The challenge file '{path}' does not exist.") from None
+    except (OSError, EOFError, UnicodeDecodeError) as error:
+        # A truncated or corrupt .gz file, or one that is not text.
+        raise ValueError(f"The challenge file '{path}' cannot be read as a text table of "
+                         f"numbers ({type(error).__name__}: {error}).") from None
     except ValueError as error:
         _raise_for_first_bad_line(path, fields, layout, check=lambda parts: None, cause=error)
     if table.size == 0:
@@ -247,6 +254,8 @@ def _triple_problem(parts, max_row, max_col):
     row, col = float(parts[0]), float(parts[1])
     if row < 1 or col < 1 or row != int(row) or col != int(col):
         return " (row and column integers >= 1)"
+    if not abs(float(parts[2])) <= _FLOAT32_MAX:
+        return f" (values of magnitude <= {_FLOAT32_MAX:.7g}, finite in float32)"
     if row > max_row:
         return f" (row <= {max_row})"
     if col > max_col:
