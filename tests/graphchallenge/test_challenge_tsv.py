@@ -96,6 +96,12 @@ def test_categories_round_trip(tmp_path):
     assert load_categories(path).size == 0
     with pytest.raises(ValueError, match=re.escape("expected non-negative 0-based row ids. Received: an id -1")):
         write_categories(path, [3, -1])
+    # Fractions and booleans were written as other ids (2.2 as id 3).
+    for ids in ([0.7, 2.2], [True, False]):
+        with pytest.raises(ValueError, match=re.escape('"ids", expected integer 0-based row ids')):
+            write_categories(path, ids)
+    write_categories(path, np.array([4.0, 7.0]))  # integral floats are ids
+    np.testing.assert_array_equal(load_categories(path), [4, 7])
 
 
 MALFORMED_TRIPLES = [

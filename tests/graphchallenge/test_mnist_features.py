@@ -72,3 +72,11 @@ def test_rejects_bad_num_inputs(num_inputs):
     with pytest.raises(ValueError, match=re.escape(
             f'"num_inputs", expected a positive integer. Received: num_inputs={num_inputs!r}')):
         mnist_features(1024, num_inputs=num_inputs)
+
+
+@pytest.mark.parametrize("threshold", [float("nan"), "x", None, True])
+def test_rejects_a_threshold_that_is_not_a_finite_number(threshold):
+    # nan gave all-zero inputs, "x" numpy's TypeError.
+    with pytest.raises(ValueError, match=re.escape(
+            'Received an invalid value for "threshold", expected a finite number (0-255 scale).')):
+        mnist_features(64, num_inputs=3, threshold=threshold)

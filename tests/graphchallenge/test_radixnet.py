@@ -128,8 +128,23 @@ def test_shift_sum_matrix_rejects_repeated_shifts():
          "Received: seed=-1"),
         (dict(neurons=1024, layers=2, weight=float("nan")),
          'Received an invalid value for "weight", expected a finite nonzero number. Received: weight=nan'),
+        (dict(neurons=1024, layers=2, weight="a"),  # was numpy's TypeError
+         'Received an invalid value for "weight", expected a finite nonzero number. '
+         "Received: weight='a'"),
     ],
 )
 def test_invalid_arguments(kwargs, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         radixnet(**kwargs)
+
+
+@pytest.mark.parametrize("kwargs, name", [
+    (dict(connections=0), "connections"),  # was a ZeroDivisionError
+    (dict(connections=2, stride=0), "stride"),
+    (dict(connections=2, offset=-1), "offset"),
+    (dict(connections=2, weight=0), "weight"),  # was 16 stored zeros
+])
+def test_shift_sum_matrix_names_a_bad_argument(kwargs, name):
+    arguments = {"neurons": 8, "stride": 1, **kwargs}
+    with pytest.raises(ValueError, match=f'Received an invalid value for "{name}"'):
+        shift_sum_matrix(**arguments)

@@ -45,6 +45,9 @@ FIELDS = "neurons=1024 layers=2 edges=65536 inputs=10 edges_per_second=1.3107e+0
     f"RESULT {FIELDS} seconds=0.5 seconds=0.6",  # repeated
     "RESULT neurons=1024 layers=2 inputs=10 seconds=0.5",  # missing fields
     f"RESULT {FIELDS} seconds=inf", f"RESULT {FIELDS} seconds=abc",
+    # Counts are integers (1.5 neurons and 1e3 inputs were read as floats).
+    "RESULT neurons=1.5 layers=2 edges=65536 inputs=10 seconds=0.5 edges_per_second=1",
+    "RESULT neurons=1024 layers=2 edges=65536 inputs=1e3 seconds=0.5 edges_per_second=1",
 ])
 def test_parse_result_line_rejects_other_lines(line):
     with pytest.raises(ValueError, match='Received an invalid value for "line"'):
@@ -56,3 +59,15 @@ def test_peak_rss_sees_arrays_outside_python_allocators():
     block = np.ones(before // 8 + 64 * 2**20 // 8)  # more than the whole process so far, touched
     assert peak_rss_bytes() >= block.nbytes
     del block
+
+
+def test_peak_memory_is_written_as_the_parser_reads_it():
+    # Under half a MiB was written as peak_rss_mib=0, which the parser refused;
+    # a negative peak was written as -0.
+    assert parse_result_line(result_line(16, 2, 64, 1, 1.0, 100))["peak_rss_mib"] == 1
+    assert parse_result_line(result_line(16, 2, 64, 1, 1.0, 3 * 2**20))["peak_rss_mib"] == 3
+    for bad in (-5, 0, float("nan"), True):
+        with pytest.raises(ValueError, match='Received an invalid value for "peak_rss"'):
+            result_line(16, 2, 64, 1, 1.0, bad)
+    line = "RESULT neurons=16 layers=2 edges=64 inputs=1 seconds=1 edges_per_second=1E5"
+    assert parse_result_line(line)["edges_per_second"] == 1e5

@@ -22,6 +22,7 @@ those of the 5,000 digits, repeated; the work per input is the challenge's.
 """
 
 import math
+import numbers
 
 import numpy as np
 import scipy.ndimage
@@ -66,6 +67,9 @@ def mnist_features(neurons, num_inputs=None, threshold=32.0):
         )
     if num_inputs is not None:
         num_inputs = check_positive_int("num_inputs", num_inputs)
+    if isinstance(threshold, bool) or not isinstance(threshold, numbers.Real) \
+            or not math.isfinite(threshold):
+        raise invalid_value("threshold", "a finite number (0-255 scale)", threshold)
     (x_train, _), (x_test, _) = load_mnist_sample()
     images = np.concatenate([x_train, x_test])
     distinct = images[:num_inputs]

@@ -31,6 +31,8 @@ offsets only rotate the activations: the categories of a generated network
 depend on the stride order, not on the offsets.
 """
 
+import numbers
+
 import numpy as np
 import scipy.sparse
 
@@ -94,8 +96,7 @@ def radixnet(neurons, layers, seed=0, connections=DEFAULT_CONNECTIONS, weight=DE
     strides = radixnet_strides(neurons, connections)
     check_positive_int("layers", layers)
     seed = check_non_negative_int("seed", seed)
-    if not np.isfinite(weight) or weight == 0:
-        raise invalid_value("weight", "a finite nonzero number", weight)
+    _check_weight(weight)
     rng = np.random.default_rng(seed)
     layer_strides = []
     while len(layer_strides) < layers:
@@ -117,6 +118,10 @@ def shift_sum_matrix(neurons, stride, connections, offset=0, weight=DEFAULT_WEIG
         >>> shift_sum_matrix(8, stride=2, connections=2).toarray()[0].tolist()
         [0.0625, 0.0, 0.0625, 0.0, 0.0, 0.0, 0.0, 0.0]
     """
+    _check_sizes(neurons, connections)
+    check_positive_int("stride", stride)
+    check_non_negative_int("offset", offset)
+    _check_weight(weight)
     shifts = (offset + stride * np.arange(connections, dtype=np.int64)) % neurons
     if len(np.unique(shifts)) != connections:
         raise ValueError(
@@ -133,6 +138,12 @@ def shift_sum_matrix(neurons, stride, connections, offset=0, weight=DEFAULT_WEIG
     )
     matrix.has_sorted_indices = True
     return matrix
+
+
+def _check_weight(weight):
+    real = isinstance(weight, numbers.Real) and not isinstance(weight, bool)
+    if not real or not np.isfinite(weight) or weight == 0:
+        raise invalid_value("weight", "a finite nonzero number", weight)
 
 
 def _check_sizes(neurons, connections):

@@ -44,7 +44,10 @@ def result_line(neurons, layers, edges, inputs, seconds, peak_rss=None):
     fields = [f"neurons={neurons}", f"layers={layers}", f"edges={edges}", f"inputs={inputs}",
               f"seconds={shown_seconds!r}", f"edges_per_second={inputs * edges / seconds:.4e}"]
     if peak_rss is not None:
-        fields.append(f"peak_rss_mib={peak_rss / 2**20:.0f}")
+        if isinstance(peak_rss, bool) or not 0 < peak_rss < float("inf"):
+            raise invalid_value("peak_rss", "a positive number of bytes or None", peak_rss)
+        # At least 1: a process holds more than half a MiB, and the parser wants > 0.
+        fields.append(f"peak_rss_mib={max(1, round(peak_rss / 2**20))}")
     return "RESULT " + " ".join(fields)
 
 
@@ -74,12 +77,16 @@ def parse_result_line(line):
             received=f"unknown {unknown}, repeated {repeated}, missing {missing} in {line!r}")
     fields = {}
     for name, value in pairs:
+        counted = name in ("neurons", "layers", "edges", "inputs", "peak_rss_mib")
         try:
-            number = float(value) if "." in value or "e" in value else int(value)
+            # Counts are written as decimal integers, times and rates as floats.
+            number = int(value) if counted and value.isdigit() else (
+                None if counted else float(value))
         except ValueError:
             number = None
         if number is None or not 0 < number < float("inf"):
-            raise invalid_value("line", f"a positive finite number for {name}",
+            expected = "a positive integer" if counted else "a positive finite number"
+            raise invalid_value("line", f"{expected} for {name}",
                                 received=f"{name}={value} in {line!r}")
         fields[name] = number
     return fields

@@ -147,7 +147,12 @@ def write_features(path, features):
 
 def write_categories(path, ids):
     """Writes 0-based row ids as a 1-based categories file, one id per line."""
-    ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+    given = np.asarray(ids).reshape(-1)
+    if given.size and (given.dtype.kind not in "iuf" or np.any(given != np.floor(given))):
+        # 2.2 became id 3 in the file, a boolean mask a list of 0s and 1s.
+        raise invalid_value("ids", "integer 0-based row ids",
+                            received=f"ids of dtype {given.dtype}: {given[:5].tolist()}")
+    ids = given.astype(np.int64)
     if ids.size and ids.min() < 0:
         raise invalid_value("ids", "non-negative 0-based row ids",
                             received=f"an id {int(ids.min())}")
