@@ -14,7 +14,7 @@ setup: $(STAMP) $(KERNEL)
 # against the pinned TensorFlow already in the venv (no isolated build env).
 $(STAMP): setup.cfg setup.py pyproject.toml constraints.txt tools/build_horovod.sh
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q -c constraints.txt setuptools wheel tensorflow-cpu
+	$(PY) -m pip install -q -c constraints.txt setuptools wheel tensorflow
 	$(PY) -m pip install -q --no-build-isolation -c constraints.txt -e ".[test]"
 	PY=$(PY) bash tools/build_horovod.sh
 	touch $@

@@ -25,9 +25,9 @@ def _pinned_tensorflow():
     config = configparser.ConfigParser()
     config.read(ROOT / "setup.cfg")
     requires = config["options"]["install_requires"]
-    match = re.search(r"^\s*tensorflow-cpu==([\w.]+)\s*$", requires, re.M)
+    match = re.search(r"^\s*tensorflow==([\w.]+)\s*$", requires, re.M)
     if match is None:
-        raise RuntimeError("setup.cfg must pin tensorflow-cpu==<version> (the kernels' ABI)")
+        raise RuntimeError("setup.cfg must pin tensorflow==<version> (the kernels' ABI)")
     return match.group(1), config["metadata"]["version"]
 
 

@@ -78,6 +78,9 @@ def main(argv=None):
         "epochs": checks.check_positive_int, "prune_epoch": checks.check_positive_int,
         "l": checks.check_non_negative_float, "threshold": checks.check_non_negative_float,
         "seed": checks.check_non_negative_int})
+    if args.prune_epoch > args.epochs:  # FSSL's check, before any work
+        parser.error(f"--prune-epoch must be at most --epochs={args.epochs}, received "
+                     f"{args.prune_epoch}")
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 

@@ -42,7 +42,9 @@ def make_devices(use_gpus, count=2):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--schedule", default="layerpipe")
+    # tfsparse.distribute.SCHEDULES (imported below, after the devices are set)
+    parser.add_argument("--schedule", default="layerpipe",
+                        choices=("gpipe", "1f1b", "pipedream", "layerpipe", "async"))
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--microbatches", type=int, default=4)
     parser.add_argument("--batch-size", type=int, default=80)

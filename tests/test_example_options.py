@@ -103,3 +103,32 @@ def test_pipeline_example_takes_any_micro_batch_count_up_to_the_batch(tmp_path):
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 2
     assert "--microbatches must be at most --batch-size=3, received 4" in run.stderr
+
+
+@pytest.mark.parametrize("example, default_prune_epoch", [("fssl_mnist.py", 8),
+                                                           ("fssl_cnn.py", 5)])
+def test_fssl_examples_refuse_a_prune_epoch_past_the_last_epoch(example, default_prune_epoch,
+                                                                 tmp_path):
+    # --epochs 3 with the default prune epoch trained, then FSSL stopped it
+    # with a traceback.
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="3",
+               CUDA_VISIBLE_DEVICES="")
+    run = subprocess.run([sys.executable, str(ROOT / "examples" / example), "--epochs", "3"],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2, run.stderr[-2000:]
+    assert (f"error: --prune-epoch must be at most --epochs=3, received {default_prune_epoch}"
+            in run.stderr)
+    assert not any(tmp_path.iterdir())
+
+
+def test_pipeline_example_names_the_schedules_it_takes(tmp_path):
+    from tfsparse.distribute import SCHEDULES
+
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="3",
+               CUDA_VISIBLE_DEVICES="")
+    run = subprocess.run([sys.executable, str(ROOT / "examples" / "pipeline_mnist.py"),
+                          "--schedule", "bogus"], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2  # was a traceback after profiling every schedule
+    choices = ", ".join(f"'{name}'" for name in SCHEDULES)
+    assert f"argument --schedule: invalid choice: 'bogus' (choose from {choices})" in run.stderr

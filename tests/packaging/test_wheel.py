@@ -62,6 +62,14 @@ def test_sdist_carries_the_kernel_sources_and_no_binary(built):
     kernel_sources = {p.name for p in (ROOT / "tfsparse/ops/kernels").iterdir() if p.suffix in (".cc", ".h", ".inc")}
     assert kernel_sources <= set(names)
     assert not any(n.endswith(".so") for n in names)
+    assert "LICENSE" in names
+    # setuptools' default took tests/test*.py alone: a suite that cannot run.
+    assert not any(part == "tests" for n in archive_paths(sdist) for part in n.parts[1:2])
+
+
+def archive_paths(sdist):
+    with tarfile.open(sdist) as archive:
+        return [pathlib.PurePosixPath(n) for n in archive.getnames()]
 
 
 def test_wheel_is_tagged_for_its_tensorflow_and_carries_the_library(built):
@@ -72,6 +80,14 @@ def test_wheel_is_tagged_for_its_tensorflow_and_carries_the_library(built):
         names = set(archive.namelist())
         record = json.loads(archive.read("tfsparse/ops/kernels/_tfsparse_kernels.json"))
     assert "tfsparse/ops/kernels/_tfsparse_kernels.so" in names
+    assert any(n.endswith(".dist-info/licenses/LICENSE") or n.endswith(".dist-info/LICENSE")
+               for n in names)
+    metadata = archive_metadata(wheel)
+    # One TensorFlow distribution: tf-keras requires tensorflow, and
+    # tensorflow-cpu beside it installed the same files over each other.
+    requires = [line for line in metadata.splitlines() if line.startswith("Requires-Dist:")]
+    assert f"Requires-Dist: tensorflow=={tf.__version__}" in requires
+    assert not any("tensorflow-cpu" in line for line in requires)
     assert record["tensorflow_version"] == tf.__version__
     assert "-march=native" not in record["command"]
 
@@ -97,3 +113,9 @@ def test_installed_wheel_trains_and_serves_in_a_fresh_venv(built):
     # inputs and initialisers keep within a few times the largest output.
     bound = 4 * 48 * np.finfo(np.float32).eps * max(1.0, report["largest_output"])
     assert report["served_max_difference"] <= bound
+
+
+def archive_metadata(wheel):
+    with zipfile.ZipFile(wheel) as archive:
+        (name,) = [n for n in archive.namelist() if n.endswith(".dist-info/METADATA")]
+        return archive.read(name).decode()
