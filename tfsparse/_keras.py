@@ -45,7 +45,27 @@ _select_keras_2()
 
 import tf_keras as keras  # noqa: E402  (must follow the environment set-up)
 
-__all__ = ["keras", "unwrap_loss_scaling"]
+__all__ = ["keras", "serializable", "unwrap_loss_scaling"]
+
+
+def serializable(cls):
+    """Registers ``cls`` for Keras saving as ``tfsparse>Name`` and as ``Name``.
+
+    Keras's own configs name a class ``tfsparse>Name``; some of tf_keras's
+    paths look a class up by its bare name (the layer inside a
+    ``TimeDistributed`` or ``Bidirectional`` wrapper, and regularizers in
+    ``.h5`` files), where the package name alone made ``load_model``,
+    ``clone_model`` and ``sparsify`` fail with "Unknown layer". The bare name
+    is not taken from another class already registered under it.
+
+    Example:
+        >>> from tfsparse.layers import SparseDense
+        >>> keras.utils.get_custom_objects()["SparseDense"] is SparseDense
+        True
+    """
+    cls = keras.saving.register_keras_serializable(package="tfsparse")(cls)
+    keras.utils.get_custom_objects().setdefault(cls.__name__, cls)
+    return cls
 
 
 def unwrap_loss_scaling(optimizer):

@@ -6,6 +6,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfsparse._keras import keras
+from tfsparse._keras import serializable
 from tfsparse._validation import invalid_value
 from tfsparse.ops import SparsityPattern
 from tfsparse.ops import sparse_matmul
@@ -14,7 +15,7 @@ from tfsparse.ops.sddmm import use_compiled_kernels
 _KERNEL_DTYPES = (tf.float32, tf.float64)
 
 
-@keras.saving.register_keras_serializable(package="tfsparse")
+@serializable
 class GatherInputs(keras.layers.Layer):
     """Keeps the input features at fixed ``indices``: ``x[:, indices]``.
 

@@ -8,6 +8,7 @@ import tensorflow as tf
 import tensorflow_model_optimization as tfmot
 
 from tfsparse._keras import keras
+from tfsparse._keras import serializable
 from tfsparse._validation import check_choice
 from tfsparse._validation import check_positive_pair
 from tfsparse._validation import check_positive_int
@@ -26,7 +27,7 @@ from tfsparse.ops.conv import sparse_conv2d
 _Fans = collections.namedtuple("_Fans", ["nnz", "shape"])
 
 
-@keras.saving.register_keras_serializable(package="tfsparse")
+@serializable
 class SparseConv2D(keras.layers.Layer, tfmot.sparsity.keras.PrunableLayer):
     """A channels-last ``Conv2D`` whose kernel ``(kh, kw, cin, filters)`` is sparse.
 

@@ -8,6 +8,7 @@ import tensorflow as tf
 import tensorflow_model_optimization as tfmot
 
 from tfsparse._keras import keras
+from tfsparse._keras import serializable
 from tfsparse._validation import check_positive_int
 from tfsparse._validation import invalid_value
 from tfsparse.layers import _initializers
@@ -27,7 +28,7 @@ PatternTensors = collections.namedtuple(
 )
 
 
-@keras.saving.register_keras_serializable(package="tfsparse")
+@serializable
 class SparseDense(keras.layers.Layer, tfmot.sparsity.keras.PrunableLayer):
     """``activation(x @ W + b)`` with a sparse kernel ``W`` of shape ``(input_dim, units)``.
 

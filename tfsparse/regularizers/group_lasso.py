@@ -4,6 +4,7 @@ import math
 import numbers
 
 from tfsparse._keras import keras
+from tfsparse._keras import serializable
 
 import tensorflow as tf  # noqa: E402  (after tfsparse._keras selects Keras 2)
 from tfsparse._validation import invalid_value  # noqa: E402
@@ -65,7 +66,7 @@ def _validate(l, groups, block_shape):
 _Trackable = tf.__internal__.tracking.AutoTrackable
 
 
-@keras.saving.register_keras_serializable(package="tfsparse")
+@serializable
 class GroupLasso(keras.regularizers.Regularizer, _Trackable):
     """Group lasso ``l * sum_g ||w_g||_2`` over groups of a Dense or convolution kernel.
 
@@ -176,7 +177,7 @@ class GroupLasso(keras.regularizers.Regularizer, _Trackable):
         return {"l": self.l, "groups": groups, "block_shape": block}
 
 
-@keras.saving.register_keras_serializable(package="tfsparse")
+@serializable
 class RegularizerSum(keras.regularizers.Regularizer, _Trackable):
     """The sum of several regularisers, usable on dense and sparse kernels.
 
