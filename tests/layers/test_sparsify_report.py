@@ -224,3 +224,21 @@ def test_wrapped_and_einsum_kernels_get_a_row_saying_they_stay_dense():
         "td": "no sparse layer computes a TimeDistributed",
         "bi": "no sparse layer computes a Bidirectional",
         "einsum": "no sparse layer computes a EinsumDense"}
+
+
+def test_a_time_distributed_layer_reports_the_kernel_it_applies():
+    # TimeDistributed(SparseDense) was reported with the shape of its vector
+    # of nonzeros, (12,), and no density.
+    from tfsparse.layers import SparseDense
+
+    inputs = keras.Input((3, 6))
+    x = L.TimeDistributed(SparseDense(4, density=0.5, seed=3), name="sparse_steps")(inputs)
+    outputs = L.TimeDistributed(L.Dense(2), name="dense_steps")(x)
+    model = keras.Model(inputs, outputs)
+    _, report = sparsify(model, report=True)
+    sparse = model.get_layer("sparse_steps").layer
+    assert (report["sparse_steps"].shape, report["sparse_steps"].density) == (
+        (6, 4), sparse.density)
+    kernel = model.get_layer("dense_steps").layer.kernel.numpy()
+    assert (report["dense_steps"].shape, report["dense_steps"].density) == (
+        (4, 2), np.count_nonzero(kernel) / kernel.size)

@@ -103,6 +103,9 @@ def has_kernel(layer):
 
 def kernel_summary(layer):
     """``(kernel shape, density)`` of a kernel layer (density None if it has no one kernel)."""
+    inner = getattr(layer, "layer", None)
+    if isinstance(layer, keras.layers.TimeDistributed) and has_kernel(inner):
+        return kernel_summary(inner)  # the layer it applies at every step
     if isinstance(layer, SparseDense):
         return tuple(layer.pattern.shape), layer.density
     if isinstance(layer, SparseConv2D):
