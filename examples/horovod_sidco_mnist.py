@@ -78,6 +78,8 @@ def parse_args(argv=None):
         "ratio": checks.check_fraction, "epochs": checks.check_positive_int,
         "batch_size": checks.check_positive_int, "learning_rate": checks.check_positive_float,
         "seed": checks.check_non_negative_int})
+    if args.data is not None and not pathlib.Path(args.data).exists():
+        parser.error(f"--data: {args.data} does not exist")
     return args
 
 

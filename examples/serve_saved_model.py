@@ -52,6 +52,10 @@ def main():
                          ("--labels", args.labels)):
         if path is not None and not os.path.exists(path):
             parser.error(f"{option}: {path} does not exist")
+    if not args.model.endswith(".tflite") and not os.path.isdir(args.model):
+        parser.error(f"model: expected a SavedModel directory or a .tflite file; received "
+                     f"{args.model} (a .keras or .h5 file loads with keras.models.load_model, "
+                     "which needs tfsparse)")
     x = np.load(args.inputs)
     labels = None if args.labels is None else np.load(args.labels)
     if labels is not None and labels.shape != (len(x),):

@@ -132,3 +132,22 @@ def test_pipeline_example_names_the_schedules_it_takes(tmp_path):
     assert run.returncode == 2  # was a traceback after profiling every schedule
     choices = ", ".join(f"'{name}'" for name in SCHEDULES)
     assert f"argument --schedule: invalid choice: 'bogus' (choose from {choices})" in run.stderr
+
+
+@pytest.mark.parametrize("example, arguments, message", [
+    ("horovod_sidco_mnist.py", ["--data", "absent"], "error: --data: absent does not exist"),
+    ("serve_saved_model.py", ["model.keras", "--inputs", "rows.npy"],
+     "error: model: expected a SavedModel directory or a .tflite file; received model.keras"),
+])
+def test_a_path_of_the_wrong_kind_is_an_argparse_error(example, arguments, message, tmp_path):
+    # Both ended in tracebacks (FileNotFoundError; SavedModel file does not exist).
+    import numpy as np
+
+    (tmp_path / "model.keras").write_bytes(b"")
+    np.save(tmp_path / "rows.npy", np.zeros((1, 4), np.float32))
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="3",
+               CUDA_VISIBLE_DEVICES="")
+    run = subprocess.run([sys.executable, str(ROOT / "examples" / example), *arguments],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2, run.stderr[-2000:]
+    assert message in run.stderr

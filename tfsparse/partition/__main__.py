@@ -57,7 +57,8 @@ def parse_args(argv):
                         help="Mt-KaHyPar threads (default 2)")
     parser.add_argument("--plot", type=pathlib.Path,
                         default=pathlib.Path("partition_comparison.png"),
-                        help="PNG bar chart to write")
+                        help="PNG bar chart to write (default: partition_comparison.png "
+                        "in the current directory)")
     parser.add_argument("--save-dir", type=pathlib.Path, default=None,
                         help="also save every partition there as .npz")
     parser.add_argument("--bound", action="store_true",
