@@ -257,7 +257,7 @@ def _check_arguments(features, weights, bias):
     """Returns (CSR float32 features, neurons, float bias) after checking them."""
     features = scipy.sparse.csr_matrix(features)
     _check_finite("features", features)
-    features = features.astype(np.float32)
+    features = features.astype(np.float32, copy=False)
     if isinstance(weights, PreparedNetwork):
         neurons = weights.neurons
     else:
