@@ -19,6 +19,7 @@ from tfsparse._framework_internal import compiled_losses
 from tfsparse._framework_internal import count_steps
 from tfsparse._framework_internal import model_level_losses
 from tfsparse._keras import keras
+from tfsparse._model_chain import chain_layers
 from tfsparse._validation import invalid_value as invalid
 from tfsparse.distribute import costs as _costs
 from tfsparse.distribute._executor import PipelineExecutor
@@ -281,7 +282,7 @@ class Binding:
                     "calls, to the training loss: add it from a layer's call() or as a "
                     "layer's regularizer instead)",
                     received=f"a model with {len(model_losses)} model.add_loss loss(es)")
-            layers = _costs.chain_layers(self.model)
+            layers = chain_layers(self.model)
             self._check_batch_statistics(layers)
             stages = self.strategy.num_stages
             if stages > len(layers):
